@@ -1,0 +1,1 @@
+"""The thin `memories` CLI: parse → one request → render."""

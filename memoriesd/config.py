@@ -1,0 +1,284 @@
+"""`config.toml`: one schema, strict validation, typed sections.
+
+The file is optional. Every key has a default (see ``config.example.toml``).
+An unknown key, a wrong type or an out-of-range value raises
+:class:`~memoriesd.errors.ConfigError` with one line naming the key, the value
+and what is allowed. Relative paths resolve next to the config file.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+# ---------------------------------------------------------------------------
+# Typed sections
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    autostart: bool = True
+    auto_lock_minutes: float = 15.0
+    log_level: str = "info"
+    # Test-only: one more uid allowed to connect besides the daemon's own (-1 = none).
+    test_allow_uid: int = -1
+    max_frame_mib: int = 16
+
+
+@dataclass(frozen=True)
+class VaultConfig:
+    kdf_memory_kib: int = 65536
+    kdf_iterations: int = 3
+    kdf_lanes: int = 4
+    keep_revisions: int = 10
+    unlock_delay_step_ms: int = 100
+    unlock_delay_max_ms: int = 2000
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    use_env_proxy: bool = True
+    proxy_url: str = ""
+    retries: int = 2
+    backoff_ms: int = 500
+    connect_timeout_seconds: float = 10.0
+    timeout_seconds: float = 60.0
+    download_timeout_seconds: float = 1800.0
+    ca_bundle: str = ""  # resolved to an absolute path, "" = system store only
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    max_fragments: int = 10000
+    max_source_mib: float = 16.0
+    max_vector_mib: float = 32.0
+    max_vaults: int = 2
+
+
+@dataclass(frozen=True)
+class LocalModelConfig:
+    """Profile overrides for a local model directory that is not EmbeddingGemma."""
+
+    dimensions: int = 0  # 0 = infer from the graph
+    max_tokens: int = 0  # 0 = infer from the model files
+    query_prompt: str = ""  # e.g. "task: search result | query: " ; "" = none
+    document_prompt: str = ""  # may contain {title} and {text}; "" = none
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """A remote model service: [rag.embedding], [rag.generation] or [rag.rerank]."""
+
+    protocol: str = ""
+    url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    dimensions: int = 0  # embedding only; 0 = the service default
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.url)
+
+
+@dataclass(frozen=True)
+class RagConfig:
+    local_model_dir: str = ""  # "" = HOME/models/embeddinggemma
+    local_threads: int = 4
+    max_tokens: int = 0  # 0 = the model's maximum
+    model_download_base_url: str = ""
+    operation_budget_seconds: float = 300.0
+    on_demand_embed_limit: int = 256
+    rrf_k: int = 60
+    candidates: int = 100
+    max_document_mib: float = 4.0
+    rerank_default: bool = True
+    http: HttpConfig = field(default_factory=HttpConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    local_model: LocalModelConfig = field(default_factory=LocalModelConfig)
+    embedding: ServiceConfig = field(default_factory=ServiceConfig)
+    generation: ServiceConfig = field(default_factory=ServiceConfig)
+    rerank: ServiceConfig = field(default_factory=ServiceConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    vault: VaultConfig = field(default_factory=VaultConfig)
+    rag: RagConfig = field(default_factory=RagConfig)
+    path: str = ""  # the file it came from, "" when absent
+
+
+# ---------------------------------------------------------------------------
+# Validation rules: (min, max) for numbers, choices for strings.
+# ---------------------------------------------------------------------------
+
+_RANGES: dict[str, tuple[float, float]] = {
+    "daemon.auto_lock_minutes": (0, 60 * 24 * 365),
+    "daemon.test_allow_uid": (-1, 2**32 - 1),
+    "daemon.max_frame_mib": (9, 256),
+    "vault.kdf_memory_kib": (8, 4 * 1024 * 1024),
+    "vault.kdf_iterations": (1, 64),
+    "vault.kdf_lanes": (1, 64),
+    "vault.keep_revisions": (1, 10000),
+    "vault.unlock_delay_step_ms": (0, 10000),
+    "vault.unlock_delay_max_ms": (0, 60000),
+    "rag.local_threads": (1, 256),
+    "rag.max_tokens": (0, 1 << 20),
+    "rag.operation_budget_seconds": (1, 86400),
+    "rag.on_demand_embed_limit": (0, 100000),
+    "rag.rrf_k": (1, 1000),
+    "rag.candidates": (10, 1000),
+    "rag.max_document_mib": (0.001, 4),
+    "rag.http.retries": (0, 5),
+    "rag.http.backoff_ms": (0, 60000),
+    "rag.http.connect_timeout_seconds": (0.05, 600),
+    "rag.http.timeout_seconds": (0.05, 3600),
+    "rag.http.download_timeout_seconds": (0.05, 86400),
+    "rag.cache.max_fragments": (1, 10_000_000),
+    "rag.cache.max_source_mib": (0.001, 65536),
+    "rag.cache.max_vector_mib": (0.001, 65536),
+    "rag.cache.max_vaults": (1, 64),
+    "rag.local_model.dimensions": (0, 65536),
+    "rag.local_model.max_tokens": (0, 1 << 20),
+    "rag.embedding.dimensions": (0, 65536),
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "daemon.log_level": ("debug", "info", "warning", "error"),
+    "rag.embedding.protocol": ("", "gemini", "compatible"),
+    "rag.generation.protocol": ("", "gemini", "compatible"),
+    "rag.rerank.protocol": ("", "compatible"),
+}
+
+_PATH_KEYS = {"rag.local_model_dir", "rag.http.ca_bundle"}
+
+# Keys that must never carry a secret value: where a key belongs instead.
+_SECRET_HINT = (
+    "API keys are never read from config.toml; put the key in an environment variable of the "
+    "daemon and name that variable in api_key_env"
+)
+
+
+def _type_name(tp: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, "a table")
+
+
+def _convert(key: str, value: Any, tp: Any) -> Any:
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key {key} = {value!r} is invalid: allowed is true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key {key} = {value!r} is invalid: allowed is an integer")
+        out: Any = value
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"config key {key} = {value!r} is invalid: allowed is a finite number")
+        out = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key {key} = {value!r} is invalid: allowed is a string")
+        out = value
+    else:  # pragma: no cover - schema error
+        raise ConfigError(f"config key {key} has an unsupported type")
+    if key in _RANGES:
+        lo, hi = _RANGES[key]
+        if not (lo <= out <= hi):
+            raise ConfigError(f"config key {key} = {value!r} is out of range: allowed is {lo:g} to {hi:g}")
+    if key in _CHOICES and out not in _CHOICES[key]:
+        allowed = ", ".join(repr(c) for c in _CHOICES[key] if c)
+        raise ConfigError(f"config key {key} = {value!r} is invalid: allowed is one of {allowed}")
+    return out
+
+
+def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"config key {prefix} must be a table ([{prefix}])")
+    known = {f.name: f for f in fields(cls) if f.name != "path"}
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in known:
+            if name in ("api_key", "key", "token", "secret", "password"):
+                raise ConfigError(f"config key {key} is not allowed: {_SECRET_HINT}")
+            allowed = ", ".join(sorted(known))
+            raise ConfigError(f"unknown config key {key}: allowed keys here are {allowed}")
+        f = known[name]
+        default = getattr(cls(), name)
+        if hasattr(default, "__dataclass_fields__"):
+            kwargs[name] = _build(type(default), value, key, base_dir)
+            continue
+        conv = _convert(key, value, type(default))
+        if key in _PATH_KEYS and conv:
+            conv = str((base_dir / Path(conv).expanduser()).resolve())
+        kwargs[f.name] = conv
+    return cls(**kwargs)
+
+
+def _check_services(cfg: Config) -> None:
+    for name in ("embedding", "generation", "rerank"):
+        svc: ServiceConfig = getattr(cfg.rag, name)
+        prefix = f"rag.{name}"
+        if not svc.url:
+            if svc.protocol or svc.model:
+                raise ConfigError(f"config table [{prefix}] needs url: the full operation URL of the service")
+            continue
+        if not svc.protocol:
+            raise ConfigError(f"config table [{prefix}] needs protocol: allowed is {_CHOICES[prefix + '.protocol'][1:]}")
+        if not svc.model and svc.protocol != "gemini":
+            raise ConfigError(f"config table [{prefix}] needs model: the model name the service expects")
+        if svc.api_key_env and not svc.api_key_env.replace("_", "").isalnum():
+            raise ConfigError(
+                f"config key {prefix}.api_key_env = {svc.api_key_env!r} is invalid: it names an environment "
+                f"variable (letters, digits, _), it never holds the key itself"
+            )
+        if svc.api_key_env and len(svc.api_key_env) > 20 and any(c.islower() for c in svc.api_key_env) and any(
+            c.isdigit() for c in svc.api_key_env
+        ):
+            raise ConfigError(f"config key {prefix}.api_key_env looks like a key value: {_SECRET_HINT}")
+
+
+def parse_config(data: dict[str, Any], base_dir: Path, path: str = "") -> Config:
+    """Validate a decoded TOML document into a :class:`Config`."""
+    built = _build(Config, data, "", base_dir)
+    cfg = Config(daemon=built.daemon, vault=built.vault, rag=built.rag, path=path)
+    _check_services(cfg)
+    if cfg.rag.http.proxy_url:
+        # Credentials are refused in TOML (they belong in the environment's proxy variables).
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(cfg.rag.http.proxy_url)
+        if parts.scheme not in ("http", "https", "socks5", "socks5h"):
+            raise ConfigError(
+                f"config key rag.http.proxy_url = {cfg.rag.http.proxy_url!r} is invalid: allowed schemes are "
+                "http, https, socks5, socks5h"
+            )
+        if parts.username or parts.password or "@" in parts.netloc:
+            raise ConfigError(
+                "config key rag.http.proxy_url must not contain credentials: put them in the "
+                "HTTPS_PROXY/ALL_PROXY environment variable of the daemon and set use_env_proxy = true"
+            )
+    return cfg
+
+
+def load_config(path: Path) -> Config:
+    """Read ``path`` (absent → defaults)."""
+    if not path.exists():
+        return Config()
+    try:
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: save it as UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML ({exc}): fix the line it names") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from exc
+    return parse_config(data, path.parent.resolve(), str(path))
