@@ -1,0 +1,231 @@
+"""Hybrid fusion (reciprocal rank fusion) and the light default reranker.
+
+RRF combines rankings without looking at their raw scores, which is what we
+want for BM25 (unbounded) and cosine (bounded) lists: a candidate scores
+``Σ 1 / (k + rank)`` over the lists it appears in, ``rank`` starting at 1.
+
+The light reranker is a *heuristic*, not a trained cross-encoder: it rewards
+candidates whose text covers more of the query's terms and contains adjacent
+query terms next to each other (a matched phrase). Its weight is bounded so it
+can only reorder candidates whose fused scores are already close — see
+:func:`light_rerank` for the exact guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "Candidate",
+    "Fused",
+    "fuse",
+    "light_rerank",
+    "order_by_scores",
+    "rrf",
+    "rrf_ranks",
+    "term_coverage",
+]
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One fused candidate: its score and the 1-based rank it had in each input (None = absent)."""
+
+    frag_id: int
+    score: float
+    ranks: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A retrieval candidate as it flows from fusion to reranking to the caller (``--json``).
+
+    ``score`` is the fused RRF score; ``rerank_score`` is set by a reranker (light or
+    remote) and is what the final order follows when present.
+    """
+
+    frag_id: int
+    score: float
+    bm25_rank: int | None = None
+    vector_rank: int | None = None
+    cosine: float | None = None
+    text: str = ""
+    title: str = ""
+    rerank_score: float | None = None
+
+
+def _ranks_of(ranking: Sequence[int]) -> dict[int, int]:
+    """1-based rank of each id; a repeated id keeps its first (best) rank."""
+    out: dict[int, int] = {}
+    for pos, frag_id in enumerate(ranking, start=1):
+        out.setdefault(frag_id, pos)
+    return out
+
+
+def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60) -> list[Fused]:
+    """Reciprocal rank fusion keeping each candidate's rank in every input.
+
+    Order: score descending; ties broken by the best single rank (ascending), then
+    by the number of lists the candidate appears in (more first), then by id — so
+    the result never depends on dict or set iteration order.
+    """
+    if k < 1:
+        raise ValueError("rrf k must be at least 1")
+    per_list = [_ranks_of(r) for r in rankings]
+    ids: set[int] = set()
+    for ranks in per_list:
+        ids.update(ranks)
+    fused: list[Fused] = []
+    for frag_id in ids:
+        ranks_t = tuple(ranks.get(frag_id) for ranks in per_list)
+        # Sum from the best rank down so the float result does not depend on list order.
+        parts = sorted(1.0 / (k + r) for r in ranks_t if r is not None)
+        fused.append(Fused(frag_id, math.fsum(parts), ranks_t))
+
+    def key(f: Fused) -> tuple[float, int, int, int]:
+        present = [r for r in f.ranks if r is not None]
+        return (-f.score, min(present), -len(present), f.frag_id)
+
+    fused.sort(key=key)
+    return fused
+
+
+def rrf(rankings: Sequence[Sequence[int]], k: int = 60) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion: ``[(frag_id, score), ...]`` best first (see :func:`rrf_ranks`)."""
+    return [(f.frag_id, f.score) for f in rrf_ranks(rankings, k)]
+
+
+def fuse(
+    bm25_ids: Sequence[int],
+    vector_ids: Sequence[int],
+    *,
+    k: int = 60,
+    cosines: Mapping[int, float] | None = None,
+    texts: Mapping[int, str] | None = None,
+    titles: Mapping[int, str] | None = None,
+    limit: int | None = None,
+) -> list[Candidate]:
+    """Fuse a BM25 and a vector ranking into :class:`Candidate` records (best first)."""
+    cos = cosines or {}
+    txt = texts or {}
+    ttl = titles or {}
+    out: list[Candidate] = []
+    for f in rrf_ranks([bm25_ids, vector_ids], k):
+        out.append(
+            Candidate(
+                frag_id=f.frag_id,
+                score=f.score,
+                bm25_rank=f.ranks[0],
+                vector_rank=f.ranks[1],
+                cosine=cos.get(f.frag_id),
+                text=txt.get(f.frag_id, ""),
+                title=ttl.get(f.frag_id, ""),
+            )
+        )
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Light reranker
+# ---------------------------------------------------------------------------
+
+_ASCII_WORD = re.compile(r"[0-9a-z]+")
+# Between two adjacent query terms we accept nothing (CJK, compounds) or a short run
+# of separators ("local-first", "local first", "local / first").
+_GAP = r"[\s\-_/.,:;'\"()]{0,3}"
+
+
+def _term_pattern(term: str) -> str:
+    """Regex for one casefolded query term.
+
+    ASCII words must sit on word boundaries and may carry a common English suffix
+    (BM25 stems with porter, so "run" should also credit "runs" and "running"); other terms
+    (CJK words from jieba) match as plain substrings, since CJK text has no spaces.
+    """
+    esc = re.escape(term)
+    if _ASCII_WORD.fullmatch(term):
+        last = re.escape(term[-1])
+        return rf"(?<![0-9a-z]){esc}(?:s|es|{last}?(?:ed|ing|er))?(?![0-9a-z])"
+    return esc
+
+
+def _clean_terms(query_terms: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for t in query_terms:
+        t = t.casefold().strip()
+        if not t or not any(ch.isalnum() for ch in t) or t in seen:
+            continue
+        seen.add(t)
+        out.append(t)
+    return out
+
+
+def term_coverage(query_terms: Sequence[str], text: str) -> tuple[float, float]:
+    """``(coverage, phrase)`` of ``text`` for the query, each in [0, 1].
+
+    coverage: share of distinct query terms found in the text. phrase: share of
+    adjacent query-term pairs (in query order) found next to each other. With fewer
+    than two terms, phrase equals coverage (a one-word query is its own phrase).
+    """
+    terms = _clean_terms(query_terms)
+    if not terms:
+        return 0.0, 0.0
+    hay = text.casefold()
+    found = [re.search(_term_pattern(t), hay) is not None for t in terms]
+    coverage = sum(found) / len(terms)
+    if len(terms) < 2:
+        return coverage, coverage
+    pairs = list(zip(terms, terms[1:], strict=False))
+    hits = 0
+    for (a, b), fa, fb in zip(pairs, found, found[1:], strict=False):
+        if fa and fb and re.search(_term_pattern(a) + _GAP + _term_pattern(b), hay):
+            hits += 1
+    return coverage, hits / len(pairs)
+
+
+def light_rerank(
+    query_terms: list[str],
+    candidates: list[Candidate],
+    *,
+    weight: float = 0.15,
+    phrase_share: float = 0.35,
+) -> list[Candidate]:
+    """Reorder fused candidates by query-term coverage and matched phrases (a heuristic).
+
+    Each candidate gets ``rerank_score = (score / best_score) * (1 + weight * bonus)``
+    where ``bonus = (1 - phrase_share) * coverage + phrase_share * phrase`` is in [0, 1].
+    Since the bonus multiplies the normalised fused score by at most ``1 + weight``,
+    candidate B can pass candidate A only when ``score_B > score_A / (1 + weight)``:
+    with the defaults and k = 60, a fragment ranked first by both lists cannot be
+    passed by one ranked worse than 10th in both, nor by one found by only one list.
+    Candidates are only reordered, never added or dropped; ties keep the fused order.
+    """
+    if not candidates:
+        return []
+    if weight < 0 or not 0 <= phrase_share <= 1:
+        raise ValueError("light_rerank needs weight >= 0 and 0 <= phrase_share <= 1")
+    best = max(c.score for c in candidates)
+    scored: list[tuple[float, int, Candidate]] = []
+    for pos, c in enumerate(candidates):
+        coverage, phrase = term_coverage(query_terms, c.title + "\n" + c.text if c.title else c.text)
+        bonus = (1.0 - phrase_share) * coverage + phrase_share * phrase
+        base = c.score / best if best > 0 else 0.0
+        value = base * (1.0 + weight * bonus)
+        scored.append((value, pos, replace(c, rerank_score=value)))
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return [c for _, _, c in scored]
+
+
+def order_by_scores(candidates: Sequence[Candidate], scores: Sequence[float]) -> list[Candidate]:
+    """Apply reranker scores aligned with ``candidates``: best first, ties keep the fused order."""
+    if len(scores) != len(candidates):
+        raise ValueError("one score per candidate is required")
+    paired = [(s, pos, replace(c, rerank_score=float(s))) for pos, (c, s) in enumerate(zip(candidates, scores, strict=True))]
+    paired.sort(key=lambda item: (-item[0], item[1]))
+    return [c for _, _, c in paired]
