@@ -1,0 +1,112 @@
+"""Global CLI state (home, --json) and the one place output and errors are rendered."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from memoriesd.errors import MemoriesError, UsageError
+from memoriesd.home import Home, resolve_home
+
+
+@dataclass
+class State:
+    home_arg: str | None = None
+    json: bool = False
+
+    @property
+    def home(self) -> Home:
+        return resolve_home(self.home_arg)
+
+
+STATE = State()
+
+
+def call(method: str, params: dict[str, Any] | None = None, *, progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    from .client import Client
+
+    return Client(STATE.home).call(method, params, progress=progress)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
+
+
+def notice(text: str) -> None:
+    """Notices go to stderr (stdout stays machine-readable)."""
+    sys.stderr.write(text + "\n")
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*["" if v is None else str(v) for v in r])
+    console().print(t)
+
+
+def fail(exc: MemoriesError) -> None:
+    """Render an error in one line on stderr and exit with its code."""
+    from memoriesd.errors import exit_code_for
+
+    if STATE.json:
+        sys.stderr.write(json.dumps({"error": exc.to_dict()}, ensure_ascii=False) + "\n")
+    else:
+        sys.stderr.write(f"error[{exc.code}]: {exc.message}\n")
+    raise typer.Exit(exit_code_for(exc.code))
+
+
+def read_secret_lines(stdin: bool, path: Path | None, count: int) -> list[str]:
+    """Read ``count`` passphrase lines from stdin or a file (trailing newline stripped)."""
+    if stdin and path is not None:
+        raise UsageError("use either --passphrase-stdin or --passphrase-file, not both")
+    if path is not None:
+        try:
+            text = path.read_text("utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read the passphrase file {path} ({exc.strerror})") from exc
+        lines = text.splitlines()
+    else:
+        lines = [sys.stdin.readline().rstrip("\r\n") for _ in range(count)]
+    if len(lines) < count or any(not ln for ln in lines[:count]):
+        what = "a passphrase line" if count == 1 else f"{count} passphrase lines (old, then new)"
+        raise UsageError(f"expected {what}, got fewer or an empty one")
+    return lines[:count]
+
+
+def prompt_secret(prompt: str, confirm: bool = False) -> str:
+    import getpass
+
+    if not sys.stdin.isatty():
+        raise UsageError("no terminal to ask for the passphrase: pass --passphrase-stdin or --passphrase-file")
+    first = getpass.getpass(prompt)
+    if confirm:
+        second = getpass.getpass("Repeat the passphrase: ")
+        if first != second:
+            raise UsageError("the two passphrases differ: try again")
+    if not first:
+        raise UsageError("the passphrase is empty: choose a passphrase")
+    return first
+
+
+def fmt_time(ts: float | None) -> str:
+    if not ts:
+        return ""
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")

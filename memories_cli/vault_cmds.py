@@ -1,0 +1,285 @@
+"""`memories vault ...` and `memories daemon ...`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memoriesd.errors import DaemonUnreachable, UsageError
+
+from .state import STATE, call, emit_json, fmt_time, notice, prompt_secret, read_secret_lines, table
+
+vault_app = typer.Typer(help="Create, unlock, lock and manage encrypted vaults.", no_args_is_help=True)
+daemon_app = typer.Typer(help="Start, stop and inspect the memoriesd daemon.", no_args_is_help=True)
+
+PassStdin = Annotated[bool, typer.Option("--passphrase-stdin", help="Read the passphrase from the first line of stdin.")]
+PassFile = Annotated[Path | None, typer.Option("--passphrase-file", help="Read the passphrase from the first line of this file.")]
+
+
+def _one_passphrase(stdin: bool, path: Path | None, *, confirm: bool) -> str:
+    if stdin or path is not None:
+        return read_secret_lines(stdin, path, 1)[0]
+    return prompt_secret("Passphrase: ", confirm=confirm)
+
+
+@vault_app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="A name for the vault (readable while locked).")],
+    passphrase_stdin: PassStdin = False,
+    passphrase_file: PassFile = None,
+    remember: Annotated[bool, typer.Option("--remember", help="Keep the unlock secret in the OS keyring.")] = False,
+    device_only: Annotated[
+        bool, typer.Option("--device-only", help="Never send this vault's text to a non-loopback service.")
+    ] = False,
+) -> None:
+    """Create a vault and leave it unlocked. Prints the new VAULT_ID alone on the last line."""
+    if not (passphrase_stdin or passphrase_file):
+        notice("A lost passphrase means lost data: nobody can recover this vault without it.")
+    pw = _one_passphrase(passphrase_stdin, passphrase_file, confirm=True)
+    out = call("vault.create", {"name": name, "passphrase": pw, "remember": remember, "device_only": device_only})
+    for n in out.pop("notices", []):
+        notice(n)
+    if STATE.json:
+        emit_json({"vault_id": out["vault_id"], "name": out["name"]})
+        return
+    notice(f"Created vault {out['name']} (unlocked).")
+    print(out["vault_id"])
+
+
+@vault_app.command("list")
+def list_() -> None:
+    """List vaults (names are readable while locked)."""
+    out = call("vault.list")
+    if STATE.json:
+        emit_json({"vaults": out["vaults"]})
+        return
+    table(["VAULT_ID", "NAME", "STATE"], [[v["vault_id"], v["name"], "locked" if v["locked"] else "unlocked"] for v in out["vaults"]])
+
+
+@vault_app.command("status")
+def status(vault: Annotated[str | None, typer.Argument(help="Vault id or name (default: all).")] = None) -> None:
+    """Show whether vaults are locked, and details of unlocked ones."""
+    out = call("vault.status", {"vault": vault} if vault else {})
+    if STATE.json:
+        emit_json(out)
+        return
+    rows = out["vaults"] if "vaults" in out else [out]
+    table(
+        ["VAULT_ID", "NAME", "STATE", "RECORDS", "DEVICE-ONLY"],
+        [
+            [
+                v["vault_id"],
+                v["name"],
+                "locked" if v["locked"] else "unlocked",
+                v.get("records", ""),
+                "" if v["locked"] else ("on" if v.get("device_only") else "off"),
+            ]
+            for v in rows
+        ],
+    )
+
+
+@vault_app.command("unlock")
+def unlock(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    passphrase_stdin: PassStdin = False,
+    passphrase_file: PassFile = None,
+    remember: Annotated[bool, typer.Option("--remember", help="Keep the unlock secret in the OS keyring.")] = False,
+) -> None:
+    """Unlock a vault (uses the OS keyring when the secret was remembered)."""
+    from memoriesd.errors import MemoriesError
+
+    params: dict[str, Any] = {"vault": vault, "remember": remember}
+    if passphrase_stdin or passphrase_file:
+        params["passphrase"] = _one_passphrase(passphrase_stdin, passphrase_file, confirm=False)
+        out = call("vault.unlock", params)
+    else:
+        try:
+            out = call("vault.unlock", params)
+        except MemoriesError as exc:
+            if exc.code != "passphrase_required":
+                raise
+            params["passphrase"] = prompt_secret("Passphrase: ")
+            out = call("vault.unlock", params)
+    for n in out.pop("notices", []):
+        notice(n)
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice(f"Unlocked vault {out['name']}.")
+
+
+@vault_app.command("lock")
+def lock(
+    vault: Annotated[str | None, typer.Argument(help="Vault id or name.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Lock every vault.")] = False,
+) -> None:
+    """Lock a vault: the daemon forgets its key and everything derived from it."""
+    if not all_ and not vault:
+        raise UsageError("name a vault to lock, or pass --all")
+    out = call("vault.lock", {"all": True} if all_ else {"vault": vault})
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice(f"Locked {len(out['locked'])} vault(s).")
+
+
+@vault_app.command("passwd")
+def passwd(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    passphrase_stdin: Annotated[bool, typer.Option("--passphrase-stdin", help="Read the old and the new passphrase as two lines of stdin.")] = False,
+    passphrase_file: Annotated[Path | None, typer.Option("--passphrase-file", help="Read the old and the new passphrase as two lines of this file.")] = None,
+) -> None:
+    """Change a vault's passphrase (re-wraps the vault key; no record is re-encrypted)."""
+    if passphrase_stdin or passphrase_file:
+        old, new = read_secret_lines(passphrase_stdin, passphrase_file, 2)
+    else:
+        old = prompt_secret("Current passphrase: ")
+        new = prompt_secret("New passphrase: ", confirm=True)
+    out = call("vault.passwd", {"vault": vault, "old": old, "new": new})
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice("Passphrase changed.")
+
+
+@vault_app.command("delete")
+def delete(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a vault's files (irreversible)."""
+    if not yes:
+        if not typer.confirm(f"Delete vault {vault} and all its records? This cannot be undone", default=False):
+            raise typer.Exit(1)
+    out = call("vault.delete", {"vault": vault})
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice(f"Deleted vault {out['deleted']}.")
+
+
+@vault_app.command("compact")
+def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
+    """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions."""
+    out = call("vault.compact", {"vault": vault})
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice(f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes.")
+
+
+@vault_app.command("policy")
+def policy(
+    vault: Annotated[str, typer.Argument(help="Vault id or name (must be unlocked).")],
+    device_only: Annotated[str | None, typer.Option("--device-only", help="on or off.")] = None,
+) -> None:
+    """Show or set a vault's policy (device-only: its text never leaves this machine)."""
+    params: dict[str, Any] = {"vault": vault}
+    if device_only is not None:
+        if device_only not in ("on", "off"):
+            raise UsageError("--device-only takes on or off")
+        params["device_only"] = device_only == "on"
+    out = call("vault.policy", params)
+    if STATE.json:
+        emit_json(out)
+    else:
+        print(f"device-only: {'on' if out['device_only'] else 'off'}")
+
+
+# ------------------------------------------------------------------------- daemon
+
+
+@daemon_app.command("start")
+def daemon_start() -> None:
+    """Start memoriesd in the background (waits until it answers)."""
+    from .client import daemon_alive, start_daemon
+
+    home = STATE.home
+    if daemon_alive(home):
+        out = call("daemon.status")
+        notice(f"memoriesd is already running (pid {out['pid']}).")
+    else:
+        start_daemon(home)
+        out = call("daemon.status")
+        notice(f"memoriesd started (pid {out['pid']}).")
+    if STATE.json:
+        emit_json(out)
+
+
+@daemon_app.command("stop")
+def daemon_stop() -> None:
+    """Stop memoriesd: every vault is locked and its key wiped."""
+    from .client import Client, daemon_alive
+
+    home = STATE.home
+    if not daemon_alive(home):
+        _clean_stale(home)
+        notice("memoriesd is not running.")
+        if STATE.json:
+            emit_json({"stopped": False, "running": False})
+        return
+    pid = Client(home, autostart=False).call("daemon.status")["pid"]
+    Client(home, autostart=False).call("daemon.stop")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (daemon_alive(home) or _pid_alive(pid)):
+        time.sleep(0.05)
+    notice("memoriesd stopped.")
+    if STATE.json:
+        emit_json({"stopped": True, "pid": pid})
+
+
+@daemon_app.command("status")
+def daemon_status() -> None:
+    """Say whether memoriesd is running."""
+    from .client import Client, daemon_alive
+
+    home = STATE.home
+    if not daemon_alive(home):
+        if STATE.json:
+            emit_json({"running": False, "home": str(home.root)})
+        else:
+            print(f"memoriesd is not running for {home.root}")
+        raise typer.Exit(6)
+    out = Client(home, autostart=False).call("daemon.status")
+    out["running"] = True
+    if STATE.json:
+        emit_json(out)
+    else:
+        print(f"memoriesd {out['version']} running (pid {out['pid']}, up {out['uptime_seconds']:.0f} s, {len(out['unlocked'])} vault(s) unlocked) for {out['home']}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _clean_stale(home: Any) -> None:
+    """A pid file whose process is gone, or a socket nobody answers on: leftovers of a crash."""
+    pid_path = home.pid_path
+    try:
+        pid = int(pid_path.read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and not _pid_alive(pid):
+        pid_path.unlink(missing_ok=True)
+        if home.socket_path.exists():
+            home.socket_path.unlink()
+
+
+__all__ = ["vault_app", "daemon_app", "DaemonUnreachable", "signal", "fmt_time"]

@@ -1,0 +1,95 @@
+"""Request context and parameter access shared by every handler."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Cancelled, InvalidParams
+
+_MISSING = object()
+
+
+class Params:
+    """Typed access to a request's params; wrong shapes are ``invalid_params``, never a crash."""
+
+    def __init__(self, raw: Any) -> None:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise InvalidParams("params must be a JSON object")
+        self.raw = raw
+
+    def _get(self, name: str, default: Any) -> Any:
+        value = self.raw.get(name, default)
+        if value is _MISSING:
+            raise InvalidParams(f"missing parameter {name}")
+        return value
+
+    def str(self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None) -> Any:
+        value = self._get(name, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, str):
+            raise InvalidParams(f"parameter {name} must be a string")
+        if not allow_empty and not value:
+            raise InvalidParams(f"parameter {name} must not be empty")
+        if max_len is not None and len(value) > max_len:
+            raise InvalidParams(f"parameter {name} is too long (at most {max_len} characters)")
+        return value
+
+    def int(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
+        value = self._get(name, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidParams(f"parameter {name} must be an integer")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise InvalidParams(f"parameter {name} must be between {lo} and {hi}")
+        return value
+
+    def float(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidParams(f"parameter {name} must be a number")
+        return float(value)
+
+    def bool(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, bool):
+            raise InvalidParams(f"parameter {name} must be true or false")
+        return value
+
+    def strs(self, name: str, default: Any = _MISSING) -> list[str]:
+        value = self._get(name, default)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidParams(f"parameter {name} must be a list of strings")
+        return list(value)
+
+    def choice(self, name: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
+        value = self.str(name, default)
+        if value is None and default is None:
+            return None
+        if value not in choices:
+            raise InvalidParams(f"parameter {name} must be one of {', '.join(choices)}")
+        return value
+
+
+@dataclass
+class Context:
+    """What a handler knows about the request it serves."""
+
+    params: Params
+    send_progress: Callable[[dict[str, Any]], None] = lambda _p: None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    grant: Any = None  # a Grant when the connection presented one (MCP)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled("the request was cancelled (the client went away)")

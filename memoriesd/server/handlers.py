@@ -1,0 +1,327 @@
+"""Vault and record methods of the daemon protocol.
+
+Each handler takes a :class:`Context` and returns a JSON-able dict. Handlers run in worker
+threads; the vault store serialises writes itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import __version__
+from ..errors import KeyringUnavailable, NotFound, UsageError
+from ..vault.records import KINDS, Record, new_record_id, now
+from ..vault.store import Setting, VaultStore
+from .context import Context
+
+Handler = Callable[[Any, Context], dict[str, Any]]
+HANDLERS: dict[str, Handler] = {}
+
+MAX_TITLE = 1000
+MAX_TAGS = 64
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_FILE_BYTES = 6 * 1024 * 1024
+
+
+def method(name: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+def _passphrase(ctx: Context, name: str, required: bool = True) -> bytearray | None:
+    value = ctx.params.str(name, None)
+    if value is None:
+        if required:
+            raise UsageError(f"missing {name}")
+        return None
+    return bytearray(value.encode("utf-8"))
+
+
+def _wipe(*bufs: bytearray | None) -> None:
+    for b in bufs:
+        if b is not None:
+            for i in range(len(b)):
+                b[i] = 0
+
+
+def vault_info(app: Any, vault_id: str) -> dict[str, Any]:
+    store = app.vaults.unlocked_store(vault_id)
+    info: dict[str, Any] = {"vault_id": vault_id, "name": app.vaults.name_of(vault_id), "locked": store is None}
+    if store is not None:
+        latest = store.latest()
+        info["records"] = len(latest)
+        info["device_only"] = bool(store.settings.get("policy.device_only", False))
+        info["log_bytes"] = store.head.log_bytes
+    return info
+
+
+# ---------------------------------------------------------------------------- daemon
+
+
+@method("daemon.status")
+def daemon_status(app: Any, ctx: Context) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "version": __version__,
+        "home": str(app.home.root),
+        "uptime_seconds": round(time.monotonic() - app.started, 3),
+        "unlocked": [v["vault_id"] for v in app.vaults.list() if not v["locked"]],
+    }
+
+
+@method("daemon.stop")
+def daemon_stop(app: Any, ctx: Context) -> dict[str, Any]:
+    app.request_stop()
+    return {"stopping": True}
+
+
+# ---------------------------------------------------------------------------- vaults
+
+
+@method("vault.create")
+def vault_create(app: Any, ctx: Context) -> dict[str, Any]:
+    name = ctx.params.str("name", allow_empty=False, max_len=200)
+    remember = ctx.params.bool("remember", False)
+    device_only = ctx.params.bool("device_only", False)
+    pw = _passphrase(ctx, "passphrase")
+    assert pw is not None
+    try:
+        store = app.vaults.create(name, pw)
+    finally:
+        _wipe(pw)
+    out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "notices": []}
+    if device_only:
+        store.commit([Setting("policy.device_only", True)])
+    out["device_only"] = device_only
+    if remember:
+        try:
+            app.vaults.remember(store)
+            out["remembered"] = True
+        except KeyringUnavailable as exc:
+            out["remembered"] = False
+            out["notices"].append(exc.message)
+    return out
+
+
+@method("vault.list")
+def vault_list(app: Any, ctx: Context) -> dict[str, Any]:
+    return {"vaults": app.vaults.list()}
+
+
+@method("vault.status")
+def vault_status(app: Any, ctx: Context) -> dict[str, Any]:
+    ref = ctx.params.str("vault", None)
+    if ref is None:
+        return {"vaults": [vault_info(app, v["vault_id"]) for v in app.vaults.list()]}
+    return vault_info(app, app.vaults.resolve(ref))
+
+
+@method("vault.unlock")
+def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
+    ref = ctx.params.str("vault", allow_empty=False)
+    remember = ctx.params.bool("remember", False)
+    pw = _passphrase(ctx, "passphrase", required=False)
+    try:
+        store = app.vaults.unlock(ref, pw)
+    finally:
+        _wipe(pw)
+    out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "locked": False, "notices": []}
+    if remember:
+        try:
+            app.vaults.remember(store)
+            out["remembered"] = True
+        except KeyringUnavailable as exc:
+            out["remembered"] = False
+            out["notices"].append(exc.message)
+    return out
+
+
+@method("vault.lock")
+def vault_lock(app: Any, ctx: Context) -> dict[str, Any]:
+    if ctx.params.bool("all", False):
+        return {"locked": app.vaults.lock_all()}
+    vault_id = app.vaults.resolve(ctx.params.str("vault", allow_empty=False))
+    app.vaults.lock(vault_id)
+    return {"locked": [vault_id]}
+
+
+@method("vault.passwd")
+def vault_passwd(app: Any, ctx: Context) -> dict[str, Any]:
+    ref = ctx.params.str("vault", allow_empty=False)
+    old = _passphrase(ctx, "old")
+    new = _passphrase(ctx, "new")
+    assert old is not None and new is not None
+    try:
+        app.vaults.passwd(ref, old, new)
+    finally:
+        _wipe(old, new)
+    return {"vault_id": app.vaults.resolve(ref), "changed": True}
+
+
+@method("vault.delete")
+def vault_delete(app: Any, ctx: Context) -> dict[str, Any]:
+    return {"deleted": app.vaults.delete(ctx.params.str("vault", allow_empty=False))}
+
+
+@method("vault.compact")
+def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
+    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    t0 = time.perf_counter()
+    stats = store.compact(app.config.vault.keep_revisions)
+    stats["seconds"] = round(time.perf_counter() - t0, 4)
+    stats["vault_id"] = store.vault_id
+    return stats
+
+
+@method("vault.policy")
+def vault_policy(app: Any, ctx: Context) -> dict[str, Any]:
+    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    device_only = ctx.params.bool("device_only", None)
+    if device_only is not None:
+        store.commit([Setting("policy.device_only", device_only)])
+    return {"vault_id": store.vault_id, "device_only": bool(store.settings.get("policy.device_only", False))}
+
+
+# ---------------------------------------------------------------------------- records
+
+
+def _tags(values: list[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for t in values:
+        t = t.strip()
+        if not t or len(t) > 100:
+            raise UsageError("a tag must be 1 to 100 characters")
+        if t not in out:
+            out.append(t)
+    if len(out) > MAX_TAGS:
+        raise UsageError(f"at most {MAX_TAGS} tags per record")
+    return tuple(out)
+
+
+def _check_body(body: str) -> None:
+    if len(body.encode("utf-8")) > MAX_BODY_BYTES:
+        raise UsageError(f"the text is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB: split it into several records")
+
+
+def _store_for_write(app: Any, ctx: Context) -> VaultStore:
+    return app.vaults.store(ctx.params.str("vault", allow_empty=False))  # type: ignore[no-any-return]
+
+
+@method("memory.add")
+def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
+    p = ctx.params
+    store = _store_for_write(app, ctx)
+    kind = p.choice("kind", ("memory", "credential", "file"), "memory")
+    title = p.str("title", "", max_len=MAX_TITLE)
+    tags = _tags(p.strs("tags", []))
+    private = p.bool("private", False)
+    meta: dict[str, Any] = {}
+    if kind == "file":
+        data_b64 = p.str("data", allow_empty=True)
+        try:
+            raw = base64.b64decode(data_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise UsageError("the file data is not valid base64") from exc
+        if len(raw) > MAX_FILE_BYTES:
+            raise UsageError(f"the file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: file resources are limited to that")
+        body = data_b64
+        meta["filename"] = p.str("filename", "", max_len=255)
+        title = title or meta["filename"]
+    else:
+        body = p.str("body")
+        _check_body(body)
+        if not body.strip() and not title:
+            raise UsageError("the record is empty: give it a text or a title")
+    t = now()
+    rec = Record(new_record_id(), 1, kind, title, body, private, tags, meta=meta, created=t, updated=t)
+    store.commit([rec])
+    return rec.summary()
+
+
+@method("memory.read")
+def memory_read(app: Any, ctx: Context) -> dict[str, Any]:
+    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    rec = store.get(ctx.params.str("id", allow_empty=False), ctx.params.int("revision", None, lo=1))
+    out = rec.full()
+    if rec.kind == "file" and ctx.params.bool("with_data", False):
+        out["data"] = rec.body
+    return out
+
+
+@method("memory.history")
+def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
+    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    revs = store.history(ctx.params.str("id", allow_empty=False))
+    return {
+        "id": revs[0].id,
+        "revisions": [
+            {"revision": r.revision, "updated": r.updated, "deleted": r.deleted, "title": r.title} for r in revs
+        ],
+    }
+
+
+@method("memory.list")
+def memory_list(app: Any, ctx: Context) -> dict[str, Any]:
+    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    kind = ctx.params.choice("kind", KINDS, None)
+    recs = [r for r in store.latest() if kind is None or r.kind == kind]
+    recs.sort(key=lambda r: (-r.updated, r.id))
+    return {"records": [r.summary() for r in recs]}
+
+
+@method("memory.update")
+def memory_update(app: Any, ctx: Context) -> dict[str, Any]:
+    p = ctx.params
+    store = _store_for_write(app, ctx)
+    with store.lock:
+        rec = store.get(p.str("id", allow_empty=False))
+        if rec.kind == "file" and p.str("body", None) is not None:
+            raise UsageError("a file resource's bytes cannot be replaced by text: add a new file resource instead")
+        title = p.str("title", None, max_len=MAX_TITLE)
+        body = p.str("body", None)
+        if body is not None:
+            _check_body(body)
+        tags = list(rec.tags)
+        for t in _tags(p.strs("tags", [])):
+            if t not in tags:
+                tags.append(t)
+        untag = set(p.strs("untag", []))
+        tags = [t for t in tags if t not in untag]
+        private = p.bool("private", None)
+        new = Record(
+            rec.id,
+            rec.revision + 1,
+            rec.kind,
+            rec.title if title is None else title,
+            rec.body if body is None else body,
+            rec.private if private is None else private,
+            _tags(tags),
+            meta=rec.meta,
+            private_meta=rec.private_meta,
+            created=rec.created,
+            updated=now(),
+        )
+        store.commit([new])
+    return new.summary()
+
+
+@method("memory.delete")
+def memory_delete(app: Any, ctx: Context) -> dict[str, Any]:
+    store = _store_for_write(app, ctx)
+    with store.lock:
+        rec = store.get(ctx.params.str("id", allow_empty=False))
+        tomb = Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True)
+        store.commit([tomb])
+    return {"id": rec.id, "deleted": True, "revision": tomb.revision}
+
+
+def not_found(record_id: str) -> NotFound:
+    return NotFound(f"no record {record_id} in this vault")

@@ -1,0 +1,131 @@
+"""Crypto recipes: the only module that touches ``cryptography.hazmat``.
+
+A small API over well-kept primitives (pyca/cryptography):
+
+- :func:`derive_kek` — Argon2id from a passphrase (parameters stored in the vault header).
+- :func:`subkey` — HKDF-SHA256 with one purpose label per use (magic-wormhole style).
+- :func:`seal` / :func:`open_sealed` — AES-256-GCM with a fresh random 96-bit nonce and associated
+  data; every failure to open is the same opaque :class:`CryptoFailure`.
+- :func:`mac` / :func:`mac_equal` — HMAC-SHA256 and constant-time comparison.
+
+Secrets are held in ``bytearray`` so they can be overwritten (:func:`wipe`); Python cannot
+guarantee that no other copy exists (see SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import hmac as _hmac
+import os
+from hashlib import sha256
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.argon2 import Argon2id
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+SALT_BYTES = 16
+SEAL_OVERHEAD = NONCE_BYTES + TAG_BYTES
+
+# Purpose labels for subkeys. Changing one changes every derived key: never edit, only add.
+LABEL_RECORDS = b"memories/v1/records"
+LABEL_HEAD = b"memories/v1/head"
+LABEL_HEADER_MAC = b"memories/v1/header-mac"
+LABEL_FINGERPRINT = b"memories/v1/fragment-fingerprint"
+LABEL_VECTORS = b"memories/v1/vectors"
+LABEL_VECTOR_NAMES = b"memories/v1/vector-file-names"
+LABEL_GRANTS = b"memories/v1/grant-token-hash"
+
+
+class CryptoFailure(Exception):
+    """Opaque: a sealed blob did not open (wrong key, wrong associated data, or damage)."""
+
+
+def random_bytes(n: int) -> bytes:
+    return os.urandom(n)
+
+
+def new_key() -> bytearray:
+    return bytearray(os.urandom(KEY_BYTES))
+
+
+def wipe(buf: bytearray | None) -> None:
+    """Overwrite a secret in place."""
+    if buf is None:
+        return
+    for i in range(len(buf)):
+        buf[i] = 0
+
+
+def derive_kek(passphrase: bytes | bytearray, salt: bytes, *, memory_kib: int, iterations: int, lanes: int) -> bytearray:
+    """Key-encryption key from a passphrase with Argon2id."""
+    if len(salt) != SALT_BYTES:
+        raise CryptoFailure("bad salt")
+    kdf = Argon2id(
+        salt=bytes(salt),
+        length=KEY_BYTES,
+        iterations=iterations,
+        lanes=lanes,
+        memory_cost=memory_kib,
+    )
+    return bytearray(kdf.derive(bytes(passphrase)))
+
+
+def subkey(master: bytes | bytearray, label: bytes, *, context: bytes = b"") -> bytearray:
+    """A purpose-labelled subkey of ``master`` (HKDF-SHA256)."""
+    if len(master) != KEY_BYTES:
+        raise CryptoFailure("bad key length")
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=label + b"|" + context)
+    return bytearray(hkdf.derive(bytes(master)))
+
+
+def seal(key: bytes | bytearray, plaintext: bytes, aad: bytes) -> bytes:
+    """``nonce || ciphertext || tag`` of ``plaintext`` bound to ``aad``."""
+    if len(key) != KEY_BYTES:
+        raise CryptoFailure("bad key length")
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + AESGCM(bytes(key)).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes | bytearray, blob: bytes, aad: bytes) -> bytes:
+    """Inverse of :func:`seal`. Any failure (length, type, tag) is one :class:`CryptoFailure`."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)) or len(key) != KEY_BYTES:
+        raise CryptoFailure("cannot open")
+    blob = bytes(blob)
+    if len(blob) < SEAL_OVERHEAD:
+        raise CryptoFailure("cannot open")
+    try:
+        return AESGCM(bytes(key)).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
+    except (InvalidTag, ValueError, TypeError) as exc:
+        raise CryptoFailure("cannot open") from exc
+
+
+def mac(key: bytes | bytearray, data: bytes) -> bytes:
+    return _hmac.new(bytes(key), data, sha256).digest()
+
+
+def mac_equal(a: bytes, b: bytes) -> bool:
+    return _hmac.compare_digest(a, b)
+
+
+def digest(data: bytes) -> bytes:
+    return sha256(data).digest()
+
+
+class Sealer:
+    """A subkey bound to a purpose, with seal/open methods (handy to pass as callables)."""
+
+    def __init__(self, master: bytes | bytearray, label: bytes, context: bytes = b"") -> None:
+        self._key = subkey(master, label, context=context)
+
+    def seal(self, plaintext: bytes, aad: bytes) -> bytes:
+        return seal(self._key, plaintext, aad)
+
+    def open(self, blob: bytes, aad: bytes) -> bytes:
+        return open_sealed(self._key, blob, aad)
+
+    def wipe(self) -> None:
+        wipe(self._key)

@@ -1,0 +1,270 @@
+"""On-disk format of a vault directory.
+
+::
+
+    vaults/<vault_id>/header.json       KDF parameters, wrapped vault key, name, integrity tag (HMAC)
+    vaults/<vault_id>/head.bin          sealed {epoch, count, log_bytes, last_hash}: the log's authenticated length
+    vaults/<vault_id>/log-<epoch>.bin   append-only sealed records: [u32 length][nonce|ciphertext|tag]...
+    vaults/<vault_id>/vectors-*.bin     sealed embedding sidecars (derived data)
+
+Each log entry is AES-256-GCM sealed with associated data binding it to the vault id, the log
+epoch, its sequence number and the hash chain of every entry before it, so an entry cannot be
+moved, swapped, replayed or dropped without detection. The head is rewritten atomically after
+every durable batch; a log cannot prove its own length, the head does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import VaultCorrupt
+from . import crypto
+
+FORMAT_VERSION = 1
+HEADER_NAME = "header.json"
+HEAD_NAME = "head.bin"
+LEN = struct.Struct(">I")
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+
+# Bounds applied when KDF parameters are read back from a header (a hostile header must not make
+# unlock allocate gigabytes or spin for minutes).
+KDF_BOUNDS = {"memory_kib": (8, 1024 * 1024), "iterations": (1, 64), "lanes": (1, 64)}
+
+
+def b64e(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64d(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError("not base64 text")
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def log_name(epoch: int) -> str:
+    return f"log-{epoch:08d}.bin"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file (O_EXCL, 0600), fsync, rename, fsync dir."""
+    tmp = path.with_name(f".{path.name}.{crypto.random_bytes(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# ---------------------------------------------------------------------------
+# Header
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Header:
+    vault_id: str
+    name: str
+    created: float
+    kdf: dict[str, Any]  # alg, memory_kib, iterations, lanes, salt (b64)
+    wrap: str  # b64 of the sealed vault key
+    mac: str = ""
+    format: int = FORMAT_VERSION
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "vault_id": self.vault_id,
+            "name": self.name,
+            "created": self.created,
+            "kdf": self.kdf,
+            "wrap": self.wrap,
+        }
+
+    def wrap_aad(self) -> bytes:
+        return b"memories/wrap/v1|" + canonical({"format": self.format, "vault_id": self.vault_id, "kdf": self.kdf})
+
+    def to_bytes(self) -> bytes:
+        doc = self.body()
+        doc["mac"] = self.mac
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+    def compute_mac(self, vault_key: bytes | bytearray) -> str:
+        key = crypto.subkey(vault_key, crypto.LABEL_HEADER_MAC)
+        try:
+            return b64e(crypto.mac(key, canonical(self.body())))
+        finally:
+            crypto.wipe(key)
+
+    def verify_mac(self, vault_key: bytes | bytearray) -> bool:
+        try:
+            return crypto.mac_equal(b64d(self.mac), b64d(self.compute_mac(vault_key)))
+        except ValueError:
+            return False
+
+
+def read_header(vault_dir: Path, label: str) -> Header:
+    """Parse a header strictly. Any malformation is ``vault_corrupt`` naming ``label``."""
+    try:
+        doc = json.loads((vault_dir / HEADER_NAME).read_bytes().decode("utf-8"))
+        if not isinstance(doc, dict) or set(doc) != {"format", "vault_id", "name", "created", "kdf", "wrap", "mac"}:
+            raise ValueError("fields")
+        if doc["format"] != FORMAT_VERSION:
+            raise ValueError("format")
+        kdf = doc["kdf"]
+        if not isinstance(kdf, dict) or set(kdf) != {"alg", "memory_kib", "iterations", "lanes", "salt"}:
+            raise ValueError("kdf")
+        if kdf["alg"] != "argon2id":
+            raise ValueError("alg")
+        for k, (lo, hi) in KDF_BOUNDS.items():
+            v = kdf[k]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(k)
+        if kdf["memory_kib"] < 8 * kdf["lanes"]:
+            raise ValueError("memory")
+        if len(b64d(kdf["salt"])) != crypto.SALT_BYTES:
+            raise ValueError("salt")
+        if not isinstance(doc["vault_id"], str) or not isinstance(doc["name"], str):
+            raise ValueError("ids")
+        if doc["vault_id"] != vault_dir.name:
+            raise ValueError("vault id")
+        if not isinstance(doc["created"], (int, float)) or isinstance(doc["created"], bool):
+            raise ValueError("created")
+        b64d(doc["wrap"])
+        b64d(doc["mac"])
+        return Header(
+            vault_id=doc["vault_id"],
+            name=doc["name"],
+            created=float(doc["created"]),
+            kdf=dict(kdf),
+            wrap=doc["wrap"],
+            mac=doc["mac"],
+        )
+    except FileNotFoundError as exc:
+        raise VaultCorrupt(f"vault {label} has no header file: restore the vault directory from a backup") from exc
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise VaultCorrupt(
+            f"vault {label} is damaged (its header is invalid): restore the vault directory from a backup"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------
+# Head and log entries
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Head:
+    epoch: int
+    count: int
+    log_bytes: int
+    last_hash: bytes
+
+
+def head_aad(vault_id: str) -> bytes:
+    return b"memories/head/v1|" + vault_id.encode("utf-8")
+
+
+def seal_head(sealer: crypto.Sealer, vault_id: str, head: Head) -> bytes:
+    doc = {
+        "vault_id": vault_id,
+        "epoch": head.epoch,
+        "count": head.count,
+        "log_bytes": head.log_bytes,
+        "last_hash": head.last_hash.hex(),
+    }
+    return b"MEMH1\n" + sealer.seal(canonical(doc), head_aad(vault_id))
+
+
+def open_head(sealer: crypto.Sealer, vault_id: str, blob: bytes) -> Head:
+    if not blob.startswith(b"MEMH1\n"):
+        raise ValueError("head magic")
+    doc = json.loads(sealer.open(blob[6:], head_aad(vault_id)))
+    if doc.get("vault_id") != vault_id:
+        raise ValueError("head vault")
+    head = Head(int(doc["epoch"]), int(doc["count"]), int(doc["log_bytes"]), bytes.fromhex(doc["last_hash"]))
+    if head.epoch < 0 or head.count < 0 or head.log_bytes < 0 or len(head.last_hash) != 32:
+        raise ValueError("head values")
+    return head
+
+
+def chain_start(vault_id: str, epoch: int) -> bytes:
+    return crypto.digest(b"memories/chain/v1|" + vault_id.encode("utf-8") + struct.pack(">Q", epoch))
+
+
+def entry_aad(vault_id: str, epoch: int, seq: int, prev_hash: bytes) -> bytes:
+    return b"memories/rec/v1|" + vault_id.encode("utf-8") + b"|" + struct.pack(">QQ", epoch, seq) + prev_hash
+
+
+def next_hash(prev_hash: bytes, blob: bytes) -> bytes:
+    return crypto.digest(prev_hash + blob)
+
+
+def encode_entry(sealer: crypto.Sealer, vault_id: str, epoch: int, seq: int, prev: bytes, entry: dict[str, Any]) -> bytes:
+    """Framed sealed entry (length prefix + blob)."""
+    plaintext = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    blob = sealer.seal(plaintext, entry_aad(vault_id, epoch, seq, prev))
+    return LEN.pack(len(blob)) + blob
+
+
+def decode_log(
+    sealer: crypto.Sealer, vault_id: str, epoch: int, data: bytes, head: Head, label: str
+) -> list[dict[str, Any]]:
+    """Entries of the acknowledged prefix of a log; anything not matching the head is corruption."""
+
+    def corrupt(why: str) -> VaultCorrupt:
+        return VaultCorrupt(f"vault {label} is damaged ({why}): restore the vault directory from a backup")
+
+    if len(data) < head.log_bytes:
+        raise corrupt("its log is shorter than its head records")
+    pos = 0
+    prev = chain_start(vault_id, epoch)
+    out: list[dict[str, Any]] = []
+    seq = 0
+    while pos < head.log_bytes:
+        if pos + LEN.size > head.log_bytes:
+            raise corrupt("a log entry is cut")
+        (n,) = LEN.unpack_from(data, pos)
+        if n < crypto.SEAL_OVERHEAD or n > MAX_ENTRY_BYTES or pos + LEN.size + n > head.log_bytes:
+            raise corrupt("a log entry has an invalid length")
+        blob = data[pos + LEN.size : pos + LEN.size + n]
+        try:
+            plaintext = sealer.open(blob, entry_aad(vault_id, epoch, seq, prev))
+            entry = json.loads(plaintext.decode("utf-8"))
+        except (crypto.CryptoFailure, ValueError, UnicodeDecodeError) as exc:
+            raise corrupt("a log entry failed authentication") from exc
+        if not isinstance(entry, dict):
+            raise corrupt("a log entry is malformed")
+        out.append(entry)
+        prev = next_hash(prev, blob)
+        pos += LEN.size + n
+        seq += 1
+    if seq != head.count or not crypto.mac_equal(prev, head.last_hash):
+        raise corrupt("its log does not match its head")
+    return out

@@ -1,0 +1,117 @@
+"""Record types kept in a vault (plaintext only ever in daemon memory)."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("memory", "card", "credential", "file")
+# Kinds that are never indexed, never returned by search, never sent anywhere.
+UNSEARCHABLE_KINDS = ("credential", "file")
+
+
+def new_record_id() -> str:
+    """Short random id: 16 base32 characters (80 bits), lower case."""
+    return base64.b32encode(secrets.token_bytes(10)).decode("ascii").lower()
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One revision of a record."""
+
+    id: str
+    revision: int
+    kind: str
+    title: str
+    body: str  # UTF-8 text; for kind "file", base64 of the bytes
+    private: bool
+    tags: tuple[str, ...]
+    meta: dict[str, Any] = field(default_factory=dict)  # safe metadata (source, front matter...)
+    private_meta: dict[str, Any] = field(default_factory=dict)
+    created: float = 0.0
+    updated: float = 0.0
+    deleted: bool = False
+
+    @property
+    def searchable(self) -> bool:
+        return not self.deleted and not self.private and self.kind not in UNSEARCHABLE_KINDS
+
+    def to_entry(self) -> dict[str, Any]:
+        if self.deleted:
+            return {"t": "del", "id": self.id, "rev": self.revision, "updated": self.updated}
+        return {
+            "t": "put",
+            "id": self.id,
+            "rev": self.revision,
+            "kind": self.kind,
+            "title": self.title,
+            "body": self.body,
+            "private": self.private,
+            "tags": list(self.tags),
+            "meta": self.meta,
+            "pmeta": self.private_meta,
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+    @staticmethod
+    def from_entry(entry: dict[str, Any], previous: Record | None) -> Record:
+        if entry["t"] == "del":
+            assert previous is not None
+            return Record(
+                id=previous.id,
+                revision=int(entry["rev"]),
+                kind=previous.kind,
+                title="",
+                body="",
+                private=previous.private,
+                tags=(),
+                created=previous.created,
+                updated=float(entry["updated"]),
+                deleted=True,
+            )
+        return Record(
+            id=str(entry["id"]),
+            revision=int(entry["rev"]),
+            kind=str(entry["kind"]),
+            title=str(entry["title"]),
+            body=str(entry["body"]),
+            private=bool(entry["private"]),
+            tags=tuple(str(t) for t in entry["tags"]),
+            meta=dict(entry.get("meta") or {}),
+            private_meta=dict(entry.get("pmeta") or {}),
+            created=float(entry["created"]),
+            updated=float(entry["updated"]),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "revision": self.revision,
+            "kind": self.kind,
+            "title": self.title,
+            "tags": list(self.tags),
+            "private": self.private,
+            "updated": self.updated,
+        }
+
+    def full(self) -> dict[str, Any]:
+        out = self.summary()
+        out.update(
+            {
+                "body": self.body if self.kind != "file" else "",
+                "created": self.created,
+                "meta": self.meta,
+            }
+        )
+        if self.kind == "file":
+            out["size"] = len(base64.b64decode(self.body)) if self.body else 0
+            out["filename"] = self.meta.get("filename", "")
+        return out
