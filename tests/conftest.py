@@ -1,0 +1,190 @@
+"""Shared fixtures: short temp homes, real daemon processes, the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+# Cheap KDF parameters keep the suite fast; the defaults stay strong (tested separately).
+CHEAP_CONFIG = """
+[vault]
+kdf_memory_kib = 64
+kdf_iterations = 1
+kdf_lanes = 1
+unlock_delay_step_ms = 20
+unlock_delay_max_ms = 100
+"""
+
+sys.path.insert(0, str(REPO))
+from memoriesd.home import Home  # noqa: E402
+from memoriesd.server import protocol  # noqa: E402
+
+
+def short_tmpdir(prefix: str = "mt") -> Path:
+    """AF_UNIX paths are limited to 107 bytes: homes live directly under /tmp."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def write_config(home: Path, extra: str = "") -> None:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (home / "config.toml").write_text(CHEAP_CONFIG + "\n" + extra)
+
+
+class Daemon:
+    """A real memoriesd process on a temp home."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.env = dict(os.environ, **(env or {}))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "run" / "memoriesd.sock"
+
+    def start(self, timeout: float = 30.0, preexec_fn: Any = None) -> Daemon:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(self.home)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=str(REPO),
+            preexec_fn=preexec_fn,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+            if self.socket_path.exists():
+                try:
+                    self.call("daemon.status")
+                    return self
+                except (OSError, ConnectionError):
+                    pass
+            time.sleep(0.03)
+        raise RuntimeError("daemon did not start")
+
+    def connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(self.socket_path))
+        return s
+
+    def request(self, method: str, params: dict[str, Any] | None = None, sock: socket.socket | None = None) -> dict[str, Any]:
+        own = sock is None
+        s = sock or self.connect()
+        try:
+            s.sendall(protocol.encode({"id": 1, "method": method, "params": params or {}}))
+            while True:
+                msg = protocol.recv_frame(s)
+                if "progress" not in msg:
+                    return msg
+        finally:
+            if own:
+                s.close()
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        msg = self.request(method, params)
+        if "error" in msg:
+            raise DaemonError(msg["error"]["code"], msg["error"]["message"])
+        return msg["result"]
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+
+    def log_text(self) -> str:
+        p = self.home / "logs" / "memoriesd.log"
+        return p.read_text("utf-8", "replace") if p.exists() else ""
+
+
+class DaemonError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def run_cli(home: Path, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real `memories` CLI in a subprocess."""
+    data = input.decode() if isinstance(input, bytes) else input
+    return subprocess.run(
+        [sys.executable, "-m", "memories_cli.main", "--home", str(home), *args],
+        input=data if data is not None else "",
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **(env or {})),
+        cwd=str(REPO),
+        timeout=timeout,
+    )
+
+
+def cli_json(home: Path, *args: str, input: str | None = None) -> Any:
+    r = run_cli(home, "--json", *args, input=input)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    d = short_tmpdir()
+    h = d / "h"
+    write_config(h)
+    yield h
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(home: Path) -> Iterator[Daemon]:
+    d = Daemon(home).start()
+    yield d
+    d.stop()
+
+
+def create_vault(d: Daemon, name: str = "personal", passphrase: str = "correct horse") -> str:
+    return str(d.call("vault.create", {"name": name, "passphrase": passphrase})["vault_id"])
+
+
+def all_file_bytes(root: Path) -> list[tuple[Path, bytes]]:
+    out = []
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            out.append((p, p.read_bytes()))
+    return out
+
+
+__all__ = ["Daemon", "DaemonError", "Home", "run_cli", "cli_json", "create_vault", "short_tmpdir", "write_config", "SHARED", "REPO"]
