@@ -1,0 +1,335 @@
+"""Sealed vector sidecars: computed vectors kept at rest so unlock or restart reloads them.
+
+One file per (vault, model identity) in the vault directory, named from an opaque
+id the caller derives with the vault key (``vectors-<id>.bin``), so the name reveals
+neither the model nor any text. Encryption is the caller's: ``seal``/``open_``
+callables bound to the vault key. The file holds nothing in plaintext but an
+8-byte magic/version, two fixed-size commit slots and the length of each chunk:
+
+    MAGIC (8) | slot 0 (256) | slot 1 (256) | { u32 length | sealed chunk }*
+
+A chunk is many ``(key, vector)`` entries sealed with aad = vault id + model
+identity + dims + chunk number. Appends add chunks at the end, fsync, then write
+a sealed commit record (generation, chunk count, end offset, hash chain over the
+chunks) into the slot the previous commit did not use, and fsync again: a crash
+mid-append leaves the previous commit valid (the uncommitted tail is dropped), a
+cut or spliced file fails the commit check. Entries are content-addressed (key =
+fragment fingerprint + title hash, identity in the aad), so even an old copy of
+the file can only hold correct vectors. ``rewrite`` compacts into a new file
+(O_EXCL 0600, fsync, rename, fsync dir).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MemoriesError
+
+log = logging.getLogger("memoriesd.vectors")
+
+MAGIC = b"MEMVEC\x00\x01"
+SLOT_SIZE = 256
+HEADER_SIZE = len(MAGIC) + 2 * SLOT_SIZE
+CHUNK_ENTRIES = 2048
+_COMMIT = struct.Struct(">QQQ32s")  # generation, chunks, end offset, chain
+_FRAME = struct.Struct(">I")
+_OPAQUE_ID = re.compile(r"[A-Za-z0-9_-]{8,128}")
+
+Seal = Callable[[bytes, bytes], bytes]
+Open = Callable[[bytes, bytes], bytes]
+
+
+def entry_key(fingerprint: str, title: str | None) -> str:
+    """Key of a fragment's vector: its fingerprint plus a hash of its record's title
+    (the document prompt includes the title, so a retitled record needs new vectors)."""
+    digest = hashlib.sha256(b"memories/v1/vector-title\0" + (title or "").encode("utf-8")).hexdigest()
+    return f"{fingerprint}.{digest[:32]}"
+
+
+def sidecar_path(vault_dir: Path, opaque_id: str) -> Path:
+    """``vault_dir/vectors-<opaque_id>.bin``; the id must be a keyed hash the caller computed."""
+    if not _OPAQUE_ID.fullmatch(opaque_id):
+        raise ValueError("opaque_id must be 8-128 characters of [A-Za-z0-9_-]")
+    return Path(vault_dir) / f"vectors-{opaque_id}.bin"
+
+
+def list_sidecars(vault_dir: Path) -> list[Path]:
+    """Every vector sidecar in a vault directory (to remove those of models no longer used)."""
+    return sorted(p for p in Path(vault_dir).glob("vectors-*.bin") if p.is_file())
+
+
+class _Damage(Exception):
+    """The file is not a readable sidecar of this vault and model (reason is safe to log)."""
+
+
+@dataclass(frozen=True)
+class _State:
+    generation: int
+    chunks: int
+    end: int
+    chain: bytes
+    slot: int  # the slot holding the current commit
+
+
+def _chain(prev: bytes, blob: bytes) -> bytes:
+    return hashlib.sha256(prev + hashlib.sha256(blob).digest()).digest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class VectorStore:
+    """The sealed vector sidecar of one vault and one model identity."""
+
+    def __init__(self, path: Path, *, vault_id: str, identity: str, dims: int, seal: Seal, open_: Open) -> None:
+        if dims <= 0:
+            raise ValueError("dims must be positive")
+        self.path = Path(path)
+        self.dims = dims
+        self._seal = seal
+        self._open = open_
+        vid, ident = vault_id.encode(), identity.encode()
+        self._aad = (
+            b"memories/v1/vectors\0"
+            + struct.pack(">H", len(vid)) + vid
+            + struct.pack(">H", len(ident)) + ident
+            + struct.pack(">I", dims)
+        )
+        self._state: _State | None = None
+        self._lock = threading.Lock()
+
+    # -- format ------------------------------------------------------------------------------
+
+    def _chunk_aad(self, number: int) -> bytes:
+        return self._aad + b"chunk" + struct.pack(">Q", number)
+
+    def _slot_aad(self, slot: int) -> bytes:
+        return self._aad + b"commit" + bytes([slot])
+
+    def _encode_chunk(self, items: list[tuple[str, np.ndarray]]) -> bytes:
+        parts = [struct.pack(">I", len(items))]
+        for key, _ in items:
+            raw = key.encode("utf-8")
+            if len(raw) > 0xFFFF:
+                raise ValueError("vector entry key is too long")
+            parts.append(struct.pack(">H", len(raw)) + raw)
+        matrix = np.stack([v for _, v in items]).astype("<f4", copy=False)
+        parts.append(matrix.tobytes())
+        return b"".join(parts)
+
+    def _decode_chunk(self, data: bytes, into: dict[str, np.ndarray]) -> None:
+        if len(data) < 4:
+            raise _Damage("a chunk is too short")
+        (count,) = struct.unpack_from(">I", data, 0)
+        pos = 4
+        keys: list[str] = []
+        for _ in range(count):
+            if pos + 2 > len(data):
+                raise _Damage("a chunk's keys are cut short")
+            (n,) = struct.unpack_from(">H", data, pos)
+            keys.append(data[pos + 2 : pos + 2 + n].decode("utf-8"))
+            pos += 2 + n
+        if len(data) - pos != count * self.dims * 4:
+            raise _Damage("a chunk's vectors do not match its entries")
+        matrix = np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims).astype(np.float32)
+        for key, row in zip(keys, matrix, strict=True):
+            into[key] = row
+
+    def _commit_bytes(self, state: _State) -> bytes:
+        plain = _COMMIT.pack(state.generation, state.chunks, state.end, state.chain)
+        blob = self._seal(plain, self._slot_aad(state.slot))
+        if len(blob) + 2 > SLOT_SIZE:
+            raise ValueError("the seal function's overhead does not fit a commit slot")
+        return (struct.pack(">H", len(blob)) + blob).ljust(SLOT_SIZE, b"\0")
+
+    def _read_commit(self, data: bytes) -> _State:
+        best: _State | None = None
+        for slot in (0, 1):
+            start = len(MAGIC) + slot * SLOT_SIZE
+            (n,) = struct.unpack_from(">H", data, start)
+            if n == 0 or n > SLOT_SIZE - 2:
+                continue
+            try:
+                plain = self._open(data[start + 2 : start + 2 + n], self._slot_aad(slot))
+                gen, chunks, end, chain = _COMMIT.unpack(plain)
+            except Exception:
+                continue  # a torn or foreign slot: the other one may still be good
+            if best is None or gen > best.generation:
+                best = _State(gen, chunks, end, chain, slot)
+        if best is None:
+            raise _Damage("no valid commit record (another vault or model, or damage)")
+        return best
+
+    def _parse(self, data: bytes) -> tuple[_State, dict[str, np.ndarray]]:
+        if len(data) < HEADER_SIZE or data[: len(MAGIC)] != MAGIC:
+            raise _Damage("not a vector sidecar of this version")
+        state = self._read_commit(data)
+        if state.end > len(data):
+            raise _Damage("the file is truncated")
+        entries: dict[str, np.ndarray] = {}
+        pos, chain = HEADER_SIZE, b""
+        for number in range(state.chunks):
+            if pos + 4 > state.end:
+                raise _Damage("the chunks end before the commit record says")
+            (n,) = _FRAME.unpack_from(data, pos)
+            blob = data[pos + 4 : pos + 4 + n]
+            if pos + 4 + n > state.end:
+                raise _Damage("a chunk runs past the committed end")
+            try:
+                plain = self._open(blob, self._chunk_aad(number))
+            except Exception as exc:
+                raise _Damage(f"chunk {number} fails authentication") from exc
+            chain = _chain(chain, blob)
+            self._decode_chunk(plain, entries)
+            pos += 4 + n
+        if pos != state.end or chain != state.chain:
+            raise _Damage("the chunks do not match the commit record")
+        if len(data) > state.end:
+            log.info("vector cache %s: dropping an uncommitted tail of %d bytes", self.path.name, len(data) - state.end)
+        return state, entries
+
+    def _frames(self, entries: Mapping[str, np.ndarray], first: int, chain: bytes) -> tuple[list[bytes], bytes]:
+        items = [(k, self._vector(v)) for k, v in entries.items()]
+        frames: list[bytes] = []
+        for i in range(0, len(items), CHUNK_ENTRIES):
+            blob = self._seal(self._encode_chunk(items[i : i + CHUNK_ENTRIES]), self._chunk_aad(first + len(frames)))
+            chain = _chain(chain, blob)
+            frames.append(_FRAME.pack(len(blob)) + blob)
+        return frames, chain
+
+    def _vector(self, v: np.ndarray) -> np.ndarray:
+        arr = np.asarray(v, dtype=np.float32).reshape(-1)
+        if arr.shape[0] != self.dims:
+            raise ValueError(f"vector has {arr.shape[0]} dimensions, the store {self.dims}")
+        return arr
+
+    # -- public ------------------------------------------------------------------------------
+
+    def load(self) -> dict[str, np.ndarray]:
+        """Every stored vector by entry key. A damaged, truncated or foreign file is
+        discarded with a WARNING and gives {}; this never raises."""
+        with self._lock:
+            self._state = None
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                return {}
+            except OSError as exc:
+                log.warning("vector cache %s cannot be read (%s); its vectors will be recomputed",
+                            self.path.name, exc.strerror)
+                return {}
+            try:
+                self._state, entries = self._parse(data)
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
+                log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
+                            self.path.name, reason)
+                self._discard()
+                return {}
+            return entries
+
+    def append(self, entries: Mapping[str, np.ndarray]) -> None:
+        """Add entries durably (fsync) before returning; later duplicates win on load."""
+        if not entries:
+            return
+        with self._lock:
+            if self._state is None and self.path.exists():
+                try:
+                    self._state, _ = self._parse(self.path.read_bytes())
+                except Exception:
+                    self._state = None  # unusable: start over with these entries
+            if self._state is None:
+                self._rewrite(entries)
+                return
+            state = self._state
+            frames, chain = self._frames(entries, state.chunks, state.chain)
+            self._state = None  # unknown until the commit is durable
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(fd, state.end)  # drop an uncommitted tail
+                    end = state.end
+                    for frame in frames:
+                        os.pwrite(fd, frame, end)
+                        end += len(frame)
+                    os.fsync(fd)
+                    new = _State(state.generation + 1, state.chunks + len(frames), end, chain, 1 - state.slot)
+                    os.pwrite(fd, self._commit_bytes(new), len(MAGIC) + new.slot * SLOT_SIZE)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise self._write_error(exc) from exc
+            self._state = new
+
+    def rewrite(self, entries: Mapping[str, np.ndarray]) -> None:
+        """Replace the file with exactly ``entries`` (compaction), atomically and durably."""
+        with self._lock:
+            self._rewrite(entries)
+
+    def discard(self) -> None:
+        """Remove the sidecar (e.g. when the vault no longer uses this model)."""
+        with self._lock:
+            self._discard()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _rewrite(self, entries: Mapping[str, np.ndarray]) -> None:
+        frames, chain = self._frames(entries, 0, b"")
+        end = HEADER_SIZE + sum(len(f) for f in frames)
+        state = _State(1, len(frames), end, chain, 0)
+        body = MAGIC + self._commit_bytes(state) + bytes(SLOT_SIZE) + b"".join(frames)
+        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+        self._state = None
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(body)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+        except OSError as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise self._write_error(exc) from exc
+        self._state = state
+
+    def _discard(self) -> None:
+        self._state = None
+        try:
+            self.path.unlink()
+            _fsync_dir(self.path.parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("vector cache %s cannot be removed (%s)", self.path.name, exc.strerror)
+
+    def _write_error(self, exc: OSError) -> MemoriesError:
+        return MemoriesError(
+            f"cannot write the vector cache {self.path.name} ({exc.strerror}): check free space and "
+            "permissions of the vault directory; search still works, vectors are recomputed later",
+            code="vector_store_failed",
+        )
