@@ -28,7 +28,7 @@ class Params:
             raise InvalidParams(f"missing parameter {name}")
         return value
 
-    def str(self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None) -> Any:
+    def text(self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -40,7 +40,7 @@ class Params:
             raise InvalidParams(f"parameter {name} is too long (at most {max_len} characters)")
         return value
 
-    def int(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
+    def integer(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -50,7 +50,7 @@ class Params:
             raise InvalidParams(f"parameter {name} must be between {lo} and {hi}")
         return value
 
-    def float(self, name: str, default: Any = _MISSING) -> Any:
+    def number(self, name: str, default: Any = _MISSING) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -58,7 +58,7 @@ class Params:
             raise InvalidParams(f"parameter {name} must be a number")
         return float(value)
 
-    def bool(self, name: str, default: Any = _MISSING) -> Any:
+    def flag(self, name: str, default: Any = _MISSING) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -66,14 +66,14 @@ class Params:
             raise InvalidParams(f"parameter {name} must be true or false")
         return value
 
-    def strs(self, name: str, default: Any = _MISSING) -> list[str]:
+    def texts(self, name: str, default: Any = _MISSING) -> list[str]:
         value = self._get(name, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InvalidParams(f"parameter {name} must be a list of strings")
         return list(value)
 
     def choice(self, name: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
-        value = self.str(name, default)
+        value = self.text(name, default)
         if value is None and default is None:
             return None
         if value not in choices:

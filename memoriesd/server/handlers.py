@@ -37,7 +37,7 @@ def method(name: str) -> Callable[[Handler], Handler]:
 
 
 def _passphrase(ctx: Context, name: str, required: bool = True) -> bytearray | None:
-    value = ctx.params.str(name, None)
+    value = ctx.params.text(name, None)
     if value is None:
         if required:
             raise UsageError(f"missing {name}")
@@ -73,7 +73,7 @@ def daemon_status(app: Any, ctx: Context) -> dict[str, Any]:
         "version": __version__,
         "home": str(app.home.root),
         "uptime_seconds": round(time.monotonic() - app.started, 3),
-        "unlocked": [v["vault_id"] for v in app.vaults.list() if not v["locked"]],
+        "unlocked": [v["vault_id"] for v in app.vaults.list_vaults() if not v["locked"]],
     }
 
 
@@ -88,9 +88,9 @@ def daemon_stop(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.create")
 def vault_create(app: Any, ctx: Context) -> dict[str, Any]:
-    name = ctx.params.str("name", allow_empty=False, max_len=200)
-    remember = ctx.params.bool("remember", False)
-    device_only = ctx.params.bool("device_only", False)
+    name = ctx.params.text("name", allow_empty=False, max_len=200)
+    remember = ctx.params.flag("remember", False)
+    device_only = ctx.params.flag("device_only", False)
     pw = _passphrase(ctx, "passphrase")
     assert pw is not None
     try:
@@ -113,21 +113,21 @@ def vault_create(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.list")
 def vault_list(app: Any, ctx: Context) -> dict[str, Any]:
-    return {"vaults": app.vaults.list()}
+    return {"vaults": app.vaults.list_vaults()}
 
 
 @method("vault.status")
 def vault_status(app: Any, ctx: Context) -> dict[str, Any]:
-    ref = ctx.params.str("vault", None)
+    ref = ctx.params.text("vault", None)
     if ref is None:
-        return {"vaults": [vault_info(app, v["vault_id"]) for v in app.vaults.list()]}
+        return {"vaults": [vault_info(app, v["vault_id"]) for v in app.vaults.list_vaults()]}
     return vault_info(app, app.vaults.resolve(ref))
 
 
 @method("vault.unlock")
 def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
-    ref = ctx.params.str("vault", allow_empty=False)
-    remember = ctx.params.bool("remember", False)
+    ref = ctx.params.text("vault", allow_empty=False)
+    remember = ctx.params.flag("remember", False)
     pw = _passphrase(ctx, "passphrase", required=False)
     try:
         store = app.vaults.unlock(ref, pw)
@@ -146,16 +146,16 @@ def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.lock")
 def vault_lock(app: Any, ctx: Context) -> dict[str, Any]:
-    if ctx.params.bool("all", False):
+    if ctx.params.flag("all", False):
         return {"locked": app.vaults.lock_all()}
-    vault_id = app.vaults.resolve(ctx.params.str("vault", allow_empty=False))
+    vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
     app.vaults.lock(vault_id)
     return {"locked": [vault_id]}
 
 
 @method("vault.passwd")
 def vault_passwd(app: Any, ctx: Context) -> dict[str, Any]:
-    ref = ctx.params.str("vault", allow_empty=False)
+    ref = ctx.params.text("vault", allow_empty=False)
     old = _passphrase(ctx, "old")
     new = _passphrase(ctx, "new")
     assert old is not None and new is not None
@@ -168,12 +168,12 @@ def vault_passwd(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.delete")
 def vault_delete(app: Any, ctx: Context) -> dict[str, Any]:
-    return {"deleted": app.vaults.delete(ctx.params.str("vault", allow_empty=False))}
+    return {"deleted": app.vaults.delete(ctx.params.text("vault", allow_empty=False))}
 
 
 @method("vault.compact")
 def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
     t0 = time.perf_counter()
     stats = store.compact(app.config.vault.keep_revisions)
     stats["seconds"] = round(time.perf_counter() - t0, 4)
@@ -183,8 +183,8 @@ def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.policy")
 def vault_policy(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
-    device_only = ctx.params.bool("device_only", None)
+    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
     return {"vault_id": store.vault_id, "device_only": bool(store.settings.get("policy.device_only", False))}
@@ -212,7 +212,7 @@ def _check_body(body: str) -> None:
 
 
 def _store_for_write(app: Any, ctx: Context) -> VaultStore:
-    return app.vaults.store(ctx.params.str("vault", allow_empty=False))  # type: ignore[no-any-return]
+    return app.vaults.store(ctx.params.text("vault", allow_empty=False))
 
 
 @method("memory.add")
@@ -220,12 +220,12 @@ def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     store = _store_for_write(app, ctx)
     kind = p.choice("kind", ("memory", "credential", "file"), "memory")
-    title = p.str("title", "", max_len=MAX_TITLE)
-    tags = _tags(p.strs("tags", []))
-    private = p.bool("private", False)
+    title = p.text("title", "", max_len=MAX_TITLE)
+    tags = _tags(p.texts("tags", []))
+    private = p.flag("private", False)
     meta: dict[str, Any] = {}
     if kind == "file":
-        data_b64 = p.str("data", allow_empty=True)
+        data_b64 = p.text("data", allow_empty=True)
         try:
             raw = base64.b64decode(data_b64, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -233,10 +233,10 @@ def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
         if len(raw) > MAX_FILE_BYTES:
             raise UsageError(f"the file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB: file resources are limited to that")
         body = data_b64
-        meta["filename"] = p.str("filename", "", max_len=255)
+        meta["filename"] = p.text("filename", "", max_len=255)
         title = title or meta["filename"]
     else:
-        body = p.str("body")
+        body = p.text("body")
         _check_body(body)
         if not body.strip() and not title:
             raise UsageError("the record is empty: give it a text or a title")
@@ -248,18 +248,18 @@ def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.read")
 def memory_read(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
-    rec = store.get(ctx.params.str("id", allow_empty=False), ctx.params.int("revision", None, lo=1))
+    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    rec = store.get(ctx.params.text("id", allow_empty=False), ctx.params.integer("revision", None, lo=1))
     out = rec.full()
-    if rec.kind == "file" and ctx.params.bool("with_data", False):
+    if rec.kind == "file" and ctx.params.flag("with_data", False):
         out["data"] = rec.body
     return out
 
 
 @method("memory.history")
 def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
-    revs = store.history(ctx.params.str("id", allow_empty=False))
+    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    revs = store.history(ctx.params.text("id", allow_empty=False))
     return {
         "id": revs[0].id,
         "revisions": [
@@ -270,7 +270,7 @@ def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.list")
 def memory_list(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.str("vault", allow_empty=False))
+    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
     kind = ctx.params.choice("kind", KINDS, None)
     recs = [r for r in store.latest() if kind is None or r.kind == kind]
     recs.sort(key=lambda r: (-r.updated, r.id))
@@ -282,20 +282,20 @@ def memory_update(app: Any, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     store = _store_for_write(app, ctx)
     with store.lock:
-        rec = store.get(p.str("id", allow_empty=False))
-        if rec.kind == "file" and p.str("body", None) is not None:
+        rec = store.get(p.text("id", allow_empty=False))
+        if rec.kind == "file" and p.text("body", None) is not None:
             raise UsageError("a file resource's bytes cannot be replaced by text: add a new file resource instead")
-        title = p.str("title", None, max_len=MAX_TITLE)
-        body = p.str("body", None)
+        title = p.text("title", None, max_len=MAX_TITLE)
+        body = p.text("body", None)
         if body is not None:
             _check_body(body)
         tags = list(rec.tags)
-        for t in _tags(p.strs("tags", [])):
+        for t in _tags(p.texts("tags", [])):
             if t not in tags:
                 tags.append(t)
-        untag = set(p.strs("untag", []))
+        untag = set(p.texts("untag", []))
         tags = [t for t in tags if t not in untag]
-        private = p.bool("private", None)
+        private = p.flag("private", None)
         new = Record(
             rec.id,
             rec.revision + 1,
@@ -317,7 +317,7 @@ def memory_update(app: Any, ctx: Context) -> dict[str, Any]:
 def memory_delete(app: Any, ctx: Context) -> dict[str, Any]:
     store = _store_for_write(app, ctx)
     with store.lock:
-        rec = store.get(ctx.params.str("id", allow_empty=False))
+        rec = store.get(ctx.params.text("id", allow_empty=False))
         tomb = Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True)
         store.commit([tomb])
     return {"id": rec.id, "deleted": True, "revision": tomb.revision}

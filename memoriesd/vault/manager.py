@@ -65,7 +65,7 @@ class VaultManager:
         v = self.config.vault
         return KdfParams(v.kdf_memory_kib, v.kdf_iterations, v.kdf_lanes)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list_vaults(self) -> list[dict[str, Any]]:
         out = []
         if self.home.vaults.exists():
             for d in sorted(self.home.vaults.iterdir()):
@@ -80,7 +80,7 @@ class VaultManager:
         """Vault id for an id or a unique name."""
         if not isinstance(ref, str) or not ref:
             raise UsageError("name a vault by its id or its name: see `memories vault list`")
-        vaults = self.list()
+        vaults = self.list_vaults()
         for v in vaults:
             if v["vault_id"] == ref:
                 return ref
@@ -102,7 +102,7 @@ class VaultManager:
         if not passphrase:
             raise UsageError("the passphrase is empty: choose a passphrase")
         with self._lock:
-            if any(v["name"].casefold() == name.casefold() for v in self.list()):
+            if any(v["name"].casefold() == name.casefold() for v in self.list_vaults()):
                 raise VaultExists(f"a vault named {name} already exists: choose another name")
             vault_id = new_record_id()[:12]
             store = VaultStore.create(self.home.vaults / vault_id, vault_id, name, passphrase, self.kdf())
