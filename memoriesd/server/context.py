@@ -89,7 +89,12 @@ class Context:
     send_progress: Callable[[dict[str, Any]], None] = lambda _p: None
     cancelled: threading.Event = field(default_factory=threading.Event)
     grant: Any = None  # a Grant when the connection presented one (MCP)
+    # Extra checks run by check_cancelled(): each raises (e.g. Cancelled, VaultLocked) to stop work.
+    checks: list[Callable[[], None]] = field(default_factory=list)
 
     def check_cancelled(self) -> None:
+        """Raise if the work should stop: the client went away, or a registered check fails."""
         if self.cancelled.is_set():
             raise Cancelled("the request was cancelled (the client went away)")
+        for check in self.checks:
+            check()

@@ -45,6 +45,15 @@ from . import protocol  # noqa: E402
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
 
+try:  # method groups register themselves in HANDLERS on import
+    from . import grants as _grants  # noqa: E402,F401
+except ImportError:  # pragma: no cover - until grants exist
+    pass
+try:
+    from . import rag_handlers as _rag_handlers  # noqa: E402,F401
+except ImportError:  # pragma: no cover
+    pass
+
 log = logging.getLogger("memoriesd")
 
 
@@ -103,11 +112,12 @@ class App:
         handler = HANDLERS.get(method)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}: the CLI and daemon versions may differ")
-        if ctx.grant is not None:
-            from .grants import authorize  # noqa: PLC0415
+        if ctx.grant is None:
+            return handler(self, ctx)
+        from .grants import authorize, filter_result  # noqa: PLC0415
 
-            authorize(self, ctx, method)
-        return handler(self, ctx)
+        authorize(self, ctx, method)
+        return filter_result(self, ctx, method, handler(self, ctx))
 
 
 class Connection:
