@@ -1,0 +1,313 @@
+"""Download one pinned file: resumable, verified, atomic.
+
+:func:`download_file` streams a URL into ``<final>.part`` while hashing it,
+resumes with ``Range`` after a dropped connection (a server answering 200 to a
+ranged request restarts the file), retries per :class:`HttpConfig`, follows
+redirects under :func:`redirect_target`'s rule, enforces
+``download_timeout_seconds`` as the budget of the whole file, checks size and
+SHA-256, then fsyncs and renames into place (and fsyncs the directory).
+
+A ``.part`` left by an interrupted run is resumed (its bytes are re-hashed
+first); if the finished file then fails the digest, the download is restarted
+from zero once before giving up. A file that fails its digest is removed:
+nothing is ever left at the final path unless it matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from ..errors import DigestMismatch, HttpError, HttpTimeout, RedirectRefused, UrlRefused
+from .client import RETRY_STATUSES, HttpClient, describe_transport_error, retry_delay
+from .urls import display_url, host_of, parse_url
+
+log = logging.getLogger("memoriesd.net")
+
+MAX_REDIRECTS = 10
+_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_PROGRESS_STEP = 1 << 20
+
+Progress = Callable[[dict[str, object]], None]
+
+
+def redirect_target(current: str, location: str, *, origin: str, purpose: str) -> str:
+    """The absolute URL a download redirect leads to, if the rule allows following it.
+
+    HTTPS targets may carry a query (signed CDN URLs). A plain-HTTP target is
+    followed only when it stays on the same loopback mirror as ``origin`` (same
+    scheme, host and port); any other is :class:`RedirectRefused`.
+    """
+    target = urljoin(current, location.strip())
+    start = parse_url(origin, purpose=purpose, allow_query=True)
+    if urlsplit(target).scheme.lower() == "http":
+        try:
+            same = start.scheme == "http" and parse_url(target, purpose=purpose, allow_query=True).origin == start.origin
+        except UrlRefused:
+            same = False
+        if not same:
+            raise RedirectRefused(
+                f"the {purpose} was redirected to the plain-HTTP URL {display_url(target)}, which is refused: "
+                "a mirror may redirect only to https:// URLs (or within the same loopback mirror)"
+            )
+    parse_url(target, purpose=f"{purpose} redirect", allow_query=True)
+    return target
+
+
+class _Retry(Exception):
+    """Internal: this attempt failed in a way worth retrying."""
+
+    def __init__(self, error: HttpError, retry_after: str | None = None, *, restart: bool = False) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+        self.restart = restart
+
+
+@dataclass
+class _State:
+    """The ``.part`` file being written and the hash of what it holds."""
+
+    fh: BinaryIO
+    hasher: hashlib._Hash
+    offset: int = 0
+    resumed_from_disk: bool = False
+
+    def restart(self) -> None:
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.hasher = hashlib.sha256()
+        self.offset = 0
+        self.resumed_from_disk = False
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _open_part(part: Path, size: int) -> _State:
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+    fh = os.fdopen(fd, "r+b")
+    hasher = hashlib.sha256()
+    have = os.fstat(fd).st_size
+    if have > size:
+        fh.truncate(0)
+        have = 0
+    done = 0
+    while done < have:
+        block = fh.read(min(1 << 20, have - done))
+        if not block:
+            break
+        hasher.update(block)
+        done += len(block)
+    fh.seek(done)
+    fh.truncate()
+    return _State(fh=fh, hasher=hasher, offset=done, resumed_from_disk=done > 0)
+
+
+def download_file(
+    http: HttpClient,
+    url: str,
+    final: Path,
+    *,
+    size: int,
+    sha256: str,
+    name: str,
+    purpose: str = "model download",
+    progress: Progress | None = None,
+    cancel: Callable[[], None] | None = None,
+) -> None:
+    """Download ``url`` to ``final`` (see the module doc). ``name`` labels the file in messages."""
+    cfg = http.cfg
+    deadline = time.monotonic() + cfg.download_timeout_seconds
+    part = final.with_name(final.name + ".part")
+    parse_url(url, purpose=purpose)  # refuse before touching the disk
+    state = _open_part(part, size)
+    failures = 0
+    try:
+        while True:
+            if cancel is not None:
+                cancel()
+            if state.offset < size or size == 0:
+                before = state.offset
+                try:
+                    _attempt(http, url, state, size=size, name=name, purpose=purpose, deadline=deadline,
+                             progress=progress, cancel=cancel)
+                except _Retry as r:
+                    if r.restart:
+                        state.restart()
+                    failures = 0 if state.offset > before else failures + 1
+                    if failures > cfg.retries:
+                        raise r.error from None
+                    delay = retry_delay(max(0, failures - 1), cfg, r.retry_after)
+                    if time.monotonic() + delay > deadline:
+                        raise _budget_error(name, cfg.download_timeout_seconds) from None
+                    log.info("GET %s retry %d in %.2fs", host_of(url), failures, delay)
+                    time.sleep(delay)
+                    continue
+            if state.offset != size or state.hasher.hexdigest() != sha256.lower():
+                if state.resumed_from_disk:
+                    # The bytes kept from an earlier run may be the culprit: start over once.
+                    log.info("download of %s failed its digest after resuming; starting over", name)
+                    state.restart()
+                    continue
+                raise DigestMismatch(
+                    f"the downloaded model file {name} does not match its pinned SHA-256 (the mirror serves "
+                    "different bytes); nothing was installed: check rag.model_download_base_url, then run "
+                    "`memories rag model-install` again"
+                )
+            break
+    except DigestMismatch:
+        state.fh.close()
+        part.unlink(missing_ok=True)
+        raise
+    except BaseException:
+        state.fh.close()  # the .part stays: the next run resumes it
+        raise
+    try:
+        state.fh.flush()
+        os.fsync(state.fh.fileno())
+        state.fh.close()
+        os.replace(part, final)
+        _fsync_dir(final.parent)
+    finally:
+        if not state.fh.closed:
+            state.fh.close()
+
+
+def _budget_error(name: str, seconds: float) -> HttpTimeout:
+    return HttpTimeout(
+        f"downloading the model file {name} took longer than rag.http.download_timeout_seconds ({seconds:g} s); "
+        "the partial file is kept: run `memories rag model-install` again to resume, or raise the limit"
+    )
+
+
+def _attempt(
+    http: HttpClient,
+    url: str,
+    state: _State,
+    *,
+    size: int,
+    name: str,
+    purpose: str,
+    deadline: float,
+    progress: Progress | None,
+    cancel: Callable[[], None] | None,
+) -> None:
+    """One attempt: follow redirects, then stream the body into the part file."""
+    current = url
+    for _hop in range(MAX_REDIRECTS + 1):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _budget_error(name, http.cfg.download_timeout_seconds)
+        headers = {"Accept-Encoding": "identity"}
+        if state.offset:
+            headers["Range"] = f"bytes={state.offset}-"
+        host = parse_url(current, purpose=purpose, allow_query=True).host
+        try:
+            with http.stream(
+                "GET", current, purpose=purpose, headers=headers, timeout=http.timeout(budget=remaining),
+                allow_query=current != url,
+            ) as resp:
+                status = resp.status_code
+                log.info("GET %s -> %d", host, status)
+                if 300 <= status < 400 and resp.headers.get("Location"):
+                    current = redirect_target(current, resp.headers["Location"], origin=url, purpose=purpose)
+                    continue
+                if status == 416:
+                    raise _Retry(HttpError(f"the mirror {host} refused to resume {name}"), restart=True)
+                if status in RETRY_STATUSES:
+                    raise _Retry(
+                        HttpError(f"the mirror {host} failed with HTTP {status} while sending {name}: try again later"),
+                        resp.headers.get("Retry-After"),
+                    )
+                if status not in (200, 206):
+                    raise HttpError(
+                        f"the mirror {host} answered HTTP {status} for the model file {name}: check "
+                        "rag.model_download_base_url (it must hold the pinned revision's files)"
+                    )
+                _check_extent(resp, state, size=size, name=name, host=host)
+                _stream_body(resp, state, size=size, name=name, deadline=deadline, progress=progress,
+                             cancel=cancel, seconds=http.cfg.download_timeout_seconds)
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise _budget_error(name, http.cfg.download_timeout_seconds) from None
+            reason, retryable = describe_transport_error(exc)
+            err = HttpError(
+                f"downloading the model file {name} from {host} failed: {reason}; check the network and the "
+                "proxy settings, then run `memories rag model-install` again (it resumes)"
+            )
+            if retryable:
+                raise _Retry(err) from None
+            raise err from None
+        if state.offset < size:
+            raise _Retry(HttpError(f"the mirror {host} closed the connection before the end of {name}"))
+        return
+    raise RedirectRefused(f"the {purpose} of {name} was redirected more than {MAX_REDIRECTS} times: check the mirror")
+
+
+def _check_extent(resp: httpx.Response, state: _State, *, size: int, name: str, host: str) -> None:
+    """Make the part file agree with what this response carries (restart or resume)."""
+    length = resp.headers.get("Content-Length")
+    if resp.status_code == 200:
+        if state.offset:
+            log.info("mirror %s ignored Range for %s; restarting the file", host, name)
+            state.restart()
+        if length is not None and length.isdigit() and int(length) != size:
+            raise DigestMismatch(
+                f"the mirror {host} serves the model file {name} with {int(length)} bytes, the pinned file has "
+                f"{size}; nothing was installed: check rag.model_download_base_url"
+            )
+        return
+    m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
+    if not m or int(m.group(1)) != state.offset:
+        raise _Retry(HttpError(f"the mirror {host} sent the wrong part of {name}"), restart=True)
+    if m.group(3) != "*" and int(m.group(3)) != size:
+        raise DigestMismatch(
+            f"the mirror {host} serves the model file {name} with {m.group(3)} bytes, the pinned file has "
+            f"{size}; nothing was installed: check rag.model_download_base_url"
+        )
+
+
+def _stream_body(
+    resp: httpx.Response,
+    state: _State,
+    *,
+    size: int,
+    name: str,
+    deadline: float,
+    progress: Progress | None,
+    cancel: Callable[[], None] | None,
+    seconds: float,
+) -> None:
+    last_reported = -_PROGRESS_STEP
+    for chunk in resp.iter_raw():  # as received: a dropped connection loses nothing already read
+        if cancel is not None:
+            cancel()
+        if state.offset + len(chunk) > size:
+            raise DigestMismatch(
+                f"the mirror sends more bytes than the pinned size of the model file {name}; nothing was "
+                "installed: check rag.model_download_base_url"
+            )
+        state.fh.write(chunk)
+        state.hasher.update(chunk)
+        state.offset += len(chunk)
+        if progress is not None and (state.offset - last_reported >= _PROGRESS_STEP or state.offset == size):
+            progress({"file": name, "done": state.offset, "total": size})
+            last_reported = state.offset
+        if time.monotonic() > deadline and state.offset < size:
+            raise _budget_error(name, seconds)
