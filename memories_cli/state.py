@@ -51,12 +51,13 @@ def console() -> Any:
 
 def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title, show_lines=False)
+    t = Table(title=Text(title) if title else None, show_lines=False)
     for c in columns:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*["" if v is None else str(v) for v in r])
+        t.add_column(Text(c), overflow="fold")
+    for r in rows:  # Text(): user data is never read as rich markup
+        t.add_row(*[Text("" if v is None else str(v)) for v in r])
     console().print(t)
 
 

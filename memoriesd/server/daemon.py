@@ -264,6 +264,8 @@ class Server:
         log.info("memoriesd %s serving (pid %d)", __version__, os.getpid())
         print(f"memoriesd {__version__} listening on {home.socket_path}", file=sys.stderr, flush=True)
         auto = loop.create_task(self.auto_lock_loop())
+        if self.app.rag is not None:
+            loop.run_in_executor(self.pool, self.app.rag.warm)
         try:
             await self.stopping.wait()
         finally:

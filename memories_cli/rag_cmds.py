@@ -1,0 +1,293 @@
+"""`memories rag ...` and `memories memory search`: ingestion, search, indexing, status, ask, model-install."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memoriesd.errors import MemoriesError, UsageError
+
+from .state import STATE, call, emit_json, notice, table
+
+rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True)
+
+Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is available, else bm25).")]
+MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all (every term), or phrase.")]
+Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
+CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
+NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
+
+
+class Progress:
+    """A rich progress bar on a terminal, plain lines otherwise (stderr)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}
+        self._last_line = 0.0
+        self._last: tuple[str, int] = ("", -1)
+
+    def __enter__(self) -> Progress:
+        if self.tty:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=False
+            )
+            self._download_cols = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, name: str, done: int, total: int) -> None:
+        if self._bar is not None:
+            task = self._tasks.get(name)
+            if task is None:
+                task = self._tasks[name] = self._bar.add_task(name, total=total)
+            self._bar.update(task, completed=done, total=total)
+            return
+        now = time.monotonic()
+        if (now - self._last_line >= 2.0 or done >= total) and (name, done) != self._last:
+            self._last_line = now
+            self._last = (name, done)
+            sys.stderr.write(f"{name}: {done:,}/{total:,}\n")
+
+
+def _progress_cm(label: str) -> AbstractContextManager[Any]:
+    return Progress(label) if not STATE.json else nullcontext(None)
+
+
+@rag_app.command("ingest")
+def ingest(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    paths: Annotated[list[str], typer.Argument(help="Files or directories (UTF-8 text or Markdown), or - for stdin.")],
+    title: Annotated[str | None, typer.Option("--title", help="Title (default: the first # heading, else the file name). Required for -.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Walk directories for *.md, *.markdown, *.txt (hidden ones skipped).")] = False,
+    private: Annotated[bool, typer.Option("--private", help="Keep the cards private: never indexed, searched or sent.")] = False,
+    prune: Annotated[bool, typer.Option("--prune", help="With a directory: remove cards whose source file under it no longer exists.")] = False,
+) -> None:
+    """Ingest documents as encrypted knowledge cards (unchanged files are skipped; changed ones get a new revision)."""
+    params: dict[str, Any] = {"vault": vault, "tags": tag or [], "recursive": recursive, "private": private, "prune": prune}
+    if title is not None:
+        params["title"] = title
+    if paths == ["-"]:
+        if not title:
+            raise UsageError("ingesting stdin (-) needs --title")
+        data = sys.stdin.buffer.read()
+        try:
+            params["text"] = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError("stdin is not UTF-8 text: convert it to text or Markdown first") from exc
+    elif "-" in paths:
+        raise UsageError("- (stdin) cannot be mixed with paths")
+    else:
+        params["paths"] = [str(Path(p).expanduser().absolute()) for p in paths]
+    with _progress_cm("ingest") as bar:
+
+        def on_progress(p: dict[str, Any]) -> None:
+            if bar is not None and "total" in p:
+                bar.update("ingest", int(p["done"]), int(p["total"]))
+
+        out = call("rag.ingest", params, progress=on_progress)
+    for r in out["refused"]:
+        sys.stderr.write(f"refused: {r['path']}: {r['message']}\n")
+    if STATE.json:
+        emit_json(out)
+    else:
+        notice(f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
+    if out["refused"]:
+        raise typer.Exit(1)
+
+
+def _print_fragments(out: dict[str, Any]) -> None:
+    for n in out.get("notices", []):
+        notice(n)
+    if not out["results"]:
+        notice("nothing relevant found")
+        return
+    rows = []
+    for r in out["results"]:
+        text = " ".join(r["text"].split())
+        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", r["title"], f"{r['record_id']}@{r['revision']}", f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
+    table(["", "SCORE", "TITLE", "RECORD@REV", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
+
+
+@rag_app.command("search")
+def search(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    mode: Mode = None,
+    match_mode: MatchMode = "any",
+    limit: Limit = 10,
+    cards_only: CardsOnly = False,
+    no_rerank: NoRerank = False,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine-similarity floor for vector candidates (say 'nothing relevant' when none pass).")] = None,
+    rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
+) -> None:
+    """Search fragments, best first, each with a citation label [S1], [S2]..."""
+    params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
+    if mode:
+        params["mode"] = mode
+    if min_score is not None:
+        params["min_score"] = min_score
+    if rrf_k is not None:
+        params["rrf_k"] = rrf_k
+    out = call("rag.search", params)
+    if STATE.json:
+        emit_json({"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]})
+        return
+    _print_fragments(out)
+
+
+@rag_app.command("status")
+def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
+    """Documents, fragments, bytes, index state and cache use against the caps."""
+    out = call("rag.status", {"vault": vault})
+    if STATE.json:
+        emit_json(out)
+        return
+    emb = out["embedding"]
+    rows = [
+        ["documents", out["documents"]],
+        ["fragments", f"{out['fragments']:,} (cap {out['cache']['max_fragments']:,})"],
+        ["bytes", f"{out['bytes']:,}"],
+        ["index", out["index"]],
+        ["source text", f"{out['cache']['source_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_source_mib']:g} MiB)"],
+    ]
+    if emb.get("embedded") is not None:
+        rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB)"])
+        rows.append(["model", emb["model"]])
+    elif emb.get("available"):
+        rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
+    else:
+        rows.append(["model", "none: " + emb.get("hint", "")])
+    table(["", ""], rows)
+
+
+@rag_app.command("index")
+def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
+    """Embed every fragment that has no vector yet (repeats budgeted passes until done)."""
+    embedded_total = 0
+    with _progress_cm("embed") as bar:
+
+        def on_progress(p: dict[str, Any]) -> None:
+            if bar is not None:
+                bar.update("embed", int(p["done"]), int(p["total"]))
+
+        while True:
+            out = call("rag.index", {"vault": vault}, progress=on_progress)
+            embedded_total += out["embedded"]
+            if bar is not None:
+                bar.update("embed", out["total"] - out["remaining"], out["total"])
+            if out["remaining"] == 0:
+                break
+            if out["embedded"] == 0:
+                raise MemoriesError("no progress was made embedding fragments: see the daemon log", code="index_stalled")
+    result = {"embedded": embedded_total, "total": out["total"], "model": out["model"]}
+    if STATE.json:
+        emit_json(result)
+    else:
+        notice(f"embedded {embedded_total:,} fragments; {out['total']:,} of {out['total']:,} have vectors ({out['model']})")
+
+
+@rag_app.command("ask")
+def ask(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    question: Annotated[str, typer.Argument(help="The question.")],
+    mode: Mode = None,
+    limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
+    match_mode: MatchMode = "any",
+    no_rerank: NoRerank = False,
+) -> None:
+    """Answer from the vault with the configured [rag.generation] service, citing [S1]-style sources."""
+    params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
+    if mode:
+        params["mode"] = mode
+    out = call("rag.ask", params)
+    if STATE.json:
+        emit_json({k: out[k] for k in ("status", "answer", "mode", "citations")})
+        return
+    for n in out.get("notices", []):
+        notice(n)
+    if out["status"] == "insufficient_evidence":
+        print("Insufficient evidence: nothing in the vault matches the question.")
+        return
+    print(out["answer"])
+    table(
+        ["", "TITLE", "RECORD@REV", "BYTES", "SOURCE"],
+        [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", c.get("source") or ""] for c in out["citations"]],
+    )
+
+
+@rag_app.command("model-install")
+def model_install(
+    dir_: Annotated[Path | None, typer.Option("--dir", help="Install here instead of HOME/models/embeddinggemma.")] = None,
+) -> None:
+    """Download the pinned EmbeddingGemma-300M files (about 209 MiB), verifying every SHA-256."""
+    params: dict[str, Any] = {}
+    if dir_ is not None:
+        params["dir"] = str(dir_.expanduser().absolute())
+    with _progress_cm("download") as bar:
+
+        def on_progress(p: dict[str, Any]) -> None:
+            if bar is None:
+                return
+            if "total" in p and "done" in p:
+                bar.update(p["file"], int(p["done"]), int(p["total"]))
+            elif p.get("status") and not bar.tty:
+                sys.stderr.write(f"{p['file']}: {p['status']}\n")
+
+        out = call("rag.model_install", params, progress=on_progress)
+    if STATE.json:
+        emit_json(out)
+        return
+    notice(f"model files in {out['dir']}: {out.get('downloaded', 0)} downloaded, {out.get('reused', 0)} reused")
+    if out.get("notice"):
+        notice(out["notice"])
+
+
+def memory_search(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    limit: Limit = 10,
+    match_mode: MatchMode = "any",
+    cards_only: CardsOnly = False,
+) -> None:
+    """Lexical search, one line per record (title, id, revision, score, snippet)."""
+    out = call("memory.search", {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only})
+    if STATE.json:
+        emit_json({"results": out["results"], "ignored_terms": out["ignored_terms"]})
+        return
+    if not out["results"]:
+        notice("nothing found")
+        return
+    table(["TITLE", "ID", "REV", "SCORE", "SNIPPET"], [[r["title"], r["id"], r["revision"], f"{r['score']:.4f}", r["snippet"][:120]] for r in out["results"]])
+
+
+def register(app: typer.Typer) -> None:
+    from .memory_cmds import memory_app
+
+    memory_app.command("search")(memory_search)
+    app.add_typer(rag_app, name="rag")
+
+
+__all__ = ["register", "Callable"]

@@ -1,0 +1,180 @@
+"""Per-vault search state in daemon memory, and the LRU cache that holds it.
+
+A :class:`VaultIndex` is built from an unlocked vault's searchable records on first use: fragments
+(keyed fingerprints), the BM25 index and, when an embedder is active, the vector index. It follows
+the vault's ``generation``: a change re-indexes only the records whose revision changed. Lock and
+daemon restart drop it (see :class:`IndexCache`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..config import CacheConfig
+from ..text.fragments import Fragment, split_fragments
+from ..vault import crypto
+from ..vault.records import Record
+from ..vault.store import VaultStore
+from .bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes
+
+log = logging.getLogger("memoriesd.index")
+
+META_SKIP = ("sha256",)  # metadata not worth indexing
+
+
+def meta_text(rec: Record) -> str:
+    """Safe metadata as searchable text (tags, front matter values, the source file name)."""
+    parts: list[str] = list(rec.tags)
+    for key, value in rec.meta.items():
+        if key in META_SKIP or key == "source":
+            continue
+        if isinstance(value, list):
+            parts.extend(str(v) for v in value)
+        elif isinstance(value, (str, int, float)):
+            parts.append(str(value))
+    return " ".join(parts)
+
+
+class VaultIndex:
+    """Search state of one unlocked vault (see module docstring). Guarded by ``self.lock``."""
+
+    def __init__(self, store: VaultStore, cache_cfg: CacheConfig) -> None:
+        self.store = store
+        self.vault_id = store.vault_id
+        self.cache_cfg = cache_cfg
+        self.lock = threading.RLock()
+        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+        self._docs: dict[str, IndexedDoc] = {}
+        self.generation = -1
+        self.bm25: BM25Index | None = None
+        self.vectors: Any = None  # a VectorSpace (see memoriesd.rag.vectors) for the active embedder
+        self.source_bytes = 0
+
+    # ------------------------------------------------------------------ building
+
+    def _doc_for(self, rec: Record) -> IndexedDoc:
+        frags = split_fragments(rec.id, rec.revision, rec.body, bytes(self._fp_key))
+        source = rec.meta.get("path") or None
+        return IndexedDoc(
+            record_id=rec.id,
+            revision=rec.revision,
+            kind=rec.kind,
+            title=rec.title,
+            meta_text=meta_text(rec),
+            source=str(source) if source else None,
+            fragments=tuple(frags),
+        )
+
+    def refresh(self) -> bool:
+        """Bring the index up to the vault's generation. Returns True when anything changed."""
+        with self.lock:
+            store = self.store
+            with store.lock:
+                gen = store.generation
+                if gen == self.generation and self.bm25 is not None:
+                    return False
+                current = {r.id: r for r in store.latest() if r.searchable}
+            changed = [r for rid, r in current.items() if rid not in self._docs or self._docs[rid].revision != r.revision]
+            removed = [rid for rid in self._docs if rid not in current]
+            new_docs = {r.id: self._doc_for(r) for r in changed}
+            # Caps are checked on what the index would hold, before it is built.
+            docs_after = dict(self._docs)
+            for rid in removed:
+                docs_after.pop(rid, None)
+            docs_after.update(new_docs)
+            n_frags = sum(len(d.fragments) for d in docs_after.values())
+            size = sum(doc_source_bytes(d) for d in docs_after.values())
+            check_caps(n_frags, size, self.cache_cfg)
+            if self.bm25 is None:
+                self.bm25 = BM25Index(list(docs_after.values()))
+            else:
+                gone = removed + [r.id for r in changed if r.id in self._docs]
+                if gone:
+                    old_ids = [fid for rid in gone for fid in self.bm25.frag_ids(rid)]
+                    self.bm25.remove(gone)
+                    if self.vectors is not None:
+                        self.vectors.drop(old_ids)
+                if new_docs:
+                    self.bm25.add(list(new_docs.values()))
+            self._docs = docs_after
+            self.source_bytes = size
+            self.generation = gen
+            if self.vectors is not None:
+                self.vectors.attach(self)
+            return True
+
+    # ------------------------------------------------------------------ access
+
+    @property
+    def docs(self) -> dict[str, IndexedDoc]:
+        return self._docs
+
+    def fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment]:
+        assert self.bm25 is not None
+        return self.bm25.fragments[frag_id]
+
+    def live_frag_ids(self) -> list[int]:
+        assert self.bm25 is not None
+        return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
+
+    def n_fragments(self) -> int:
+        return sum(len(d.fragments) for d in self._docs.values())
+
+    def close(self) -> None:
+        with self.lock:
+            if self.bm25 is not None:
+                self.bm25.close()
+            self.bm25 = None
+            self._docs = {}
+            if self.vectors is not None:
+                self.vectors.close()
+            self.vectors = None
+            crypto.wipe(self._fp_key)
+
+
+class IndexCache:
+    """At most ``max_vaults`` vault indexes, least recently used evicted; lock drops a vault's index."""
+
+    def __init__(self, cache_cfg: CacheConfig) -> None:
+        self.cfg = cache_cfg
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, VaultIndex] = OrderedDict()
+
+    def get(self, store: VaultStore, on_new: Callable[[VaultIndex], None] | None = None) -> VaultIndex:
+        evicted: list[VaultIndex] = []
+        with self._lock:
+            idx = self._items.get(store.vault_id)
+            if idx is not None and idx.store is not store:  # relocked and unlocked: a new store
+                evicted.append(idx)
+                idx = None
+            if idx is None:
+                idx = VaultIndex(store, self.cfg)
+                if on_new is not None:
+                    on_new(idx)
+                self._items[store.vault_id] = idx
+            self._items.move_to_end(store.vault_id)
+            while len(self._items) > self.cfg.max_vaults:
+                _, old = self._items.popitem(last=False)
+                evicted.append(old)
+        for old in evicted:
+            log.info("index of vault %s evicted from the cache", old.vault_id)
+            old.close()
+        return idx
+
+    def peek(self, vault_id: str) -> VaultIndex | None:
+        with self._lock:
+            return self._items.get(vault_id)
+
+    def drop(self, vault_id: str) -> None:
+        with self._lock:
+            idx = self._items.pop(vault_id, None)
+        if idx is not None:
+            idx.close()
+
+    def cached_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._items)

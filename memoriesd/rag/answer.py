@@ -1,0 +1,107 @@
+"""`ask`: retrieve, send only the selected fragments and the question, validate the citations.
+
+One core function, :func:`ask`, serves `memories rag ask` and the MCP tool `memory_ask`. Lock,
+auto-lock, a grant's expiry or revocation (``ctx.checks``), or a change to a source record while
+the generation call is in flight cancel the ask and drop a late answer (code ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any
+
+from ..errors import Cancelled, GenerationNotConfigured, NotFound
+from ..vault.store import VaultStore
+from .ask import grounded_answer
+from .engine import RagEngine
+from .search import SearchRequest, run_search
+
+POLL_SECONDS = 0.05
+
+
+def _run_cancellable(fn: Any, check: Any) -> Any:
+    """Run ``fn`` in a thread; return its result, or raise as soon as ``check()`` raises.
+
+    A request already sent cannot be recalled; its late answer is simply dropped.
+    """
+    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+
+    def target() -> None:
+        try:
+            box.put((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.put((False, exc))
+
+    threading.Thread(target=target, name="memoriesd-ask", daemon=True).start()
+    while True:
+        check()
+        try:
+            ok, value = box.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+        check()  # a late answer after a lock/revoke/change is dropped
+        if ok:
+            return value
+        raise value
+
+
+def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
+    gen_cfg = engine.config.rag.generation
+    if not gen_cfg.configured:
+        raise GenerationNotConfigured(
+            "no generation service is configured: add a [rag.generation] table (protocol, url, model, api_key_env) "
+            "to config.toml and restart the daemon (see config.example.toml)"
+        )
+    engine.check_remote_policy(store, gen_cfg.url, "generation")
+    req.query = question
+    outcome = run_search(engine, store, req, ctx)
+    if not outcome.hits:
+        return {"status": "insufficient_evidence", "answer": "", "mode": outcome.mode, "citations": [], "notices": outcome.notices}
+
+    sources = []
+    meta = []
+    for c in outcome.hits:
+        doc, frag = outcome.index.fragment(c.frag_id)
+        sources.append((doc.title, frag.text))
+        meta.append((doc, frag))
+    revisions = {doc.record_id: doc.revision for doc, _ in meta}
+
+    def check() -> None:
+        if store.closed:
+            raise Cancelled(f"vault {store.name} was locked while the answer was pending: the late answer was dropped")
+        ctx.check_cancelled()
+        for rid, rev in revisions.items():
+            try:
+                current = store.get(rid).revision
+            except NotFound:
+                current = -1
+            if current != rev:
+                raise Cancelled("a source record changed while the answer was pending: ask again")
+
+    from .providers import Generator
+
+    generator = Generator(engine.http_client(), gen_cfg, os.environ)
+    answer = _run_cancellable(lambda: grounded_answer(generator, question, sources, before_attempt=check), check)
+    citations = []
+    for i in answer.cited_indices():
+        doc, frag = meta[i]
+        citations.append(
+            {
+                "label": answer.labels[i],
+                "record_id": doc.record_id,
+                "revision": doc.revision,
+                "title": doc.title,
+                "start": frag.start,
+                "end": frag.end,
+                "source": doc.source,
+            }
+        )
+    return {
+        "status": "answered",
+        "answer": answer.parsed.answer,
+        "mode": outcome.mode,
+        "citations": citations,
+        "notices": outcome.notices,
+    }

@@ -1,0 +1,243 @@
+"""The retrieval engine of the daemon: index caches, the active embedder, vectors, status.
+
+Search lives in :mod:`memoriesd.rag.search`, ingestion in :mod:`memoriesd.rag.ingest`, grounded
+answers in :mod:`memoriesd.rag.answer`; they all reach the vault's search state through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import Cancelled, ModelUnavailable, VaultLocked
+from ..index.caches import IndexCache, VaultIndex
+from ..vault.store import VaultStore
+from .vectors import VectorSpace
+
+log = logging.getLogger("memoriesd.rag")
+
+INSTALL_HINT = (
+    "run `memories rag model-install` to download EmbeddingGemma (about 209 MiB), or set [rag] local_model_dir "
+    "to a model directory in config.toml"
+)
+
+
+class RagEngine:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.config = app.config
+        self.home = app.home
+        self.cache = IndexCache(self.config.rag.cache)
+        app.vaults.on_lock(self.cache.drop)
+        self._embed_lock = threading.Lock()  # one embedding computation at a time
+        self._local: Any = None
+        self._local_dir: Path | None = None
+        self._remote: Any = None
+        self._http: Any = None
+        self._state_lock = threading.Lock()
+        self._http_lock = threading.Lock()
+        self._segment_ready = False
+
+    # ------------------------------------------------------------------ plumbing
+
+    def warm(self) -> None:
+        """Load jieba's dictionary in the background at start-up, so the first search is fast."""
+        try:
+            self._ensure_segmentation()
+        except Exception:  # never fatal: the first search will report it
+            log.exception("warming the segmenter failed")
+
+    def _ensure_segmentation(self) -> None:
+        if not self._segment_ready:
+            from ..text.segment import configure
+
+            configure(self.home.cache / "jieba")
+            self._segment_ready = True
+
+    def model_dir(self) -> Path:
+        configured = self.config.rag.local_model_dir
+        return Path(configured) if configured else self.home.models / "embeddinggemma"
+
+    def local_model_present(self) -> bool:
+        from ..embed.profile import find_graph
+
+        d = self.model_dir()
+        return d.is_dir() and find_graph(d) is not None and (d / "tokenizer.json").is_file()
+
+    def embedding_available(self) -> bool:
+        return self.config.rag.embedding.configured or self.local_model_present()
+
+    def embedder(self) -> Any:
+        """The active embedder (remote when [rag.embedding] is configured, else local), loaded lazily."""
+        if self.config.rag.embedding.configured:
+            with self._state_lock:
+                if self._remote is None:
+                    from .providers import RemoteEmbedder
+
+                    self._remote = RemoteEmbedder(self.http_client(), self.config.rag.embedding, os.environ)
+                return self._remote
+        with self._state_lock:
+            if self._local is None:
+                if not self.local_model_present():
+                    raise ModelUnavailable(f"no embedding model is installed: {INSTALL_HINT}")
+                from ..embed.local import LocalEmbedder
+
+                d = self.model_dir()
+                t0 = time.perf_counter()
+                self._local = LocalEmbedder(
+                    d,
+                    threads=min(self.config.rag.local_threads, os.cpu_count() or 1),
+                    max_tokens=self.config.rag.max_tokens,
+                    overrides=self.config.rag.local_model,
+                )
+                self._local_dir = d
+                log.info("local embedding model loaded in %.2f s (%d dims)", time.perf_counter() - t0, self._local.dimensions)
+            return self._local
+
+    def http_client(self) -> Any:
+        """The one HTTP client of the daemon (created on first use)."""
+        with self._http_lock:
+            if self._http is None:
+                from ..net.client import HttpClient
+
+                self._http = HttpClient(self.config.rag.http)
+            return self._http
+
+    def check_remote_policy(self, store: VaultStore, url: str, what: str) -> None:
+        from .policy import check_device_policy
+
+        check_device_policy(bool(store.settings.get("policy.device_only", False)), url, what)
+
+    # ------------------------------------------------------------------ indexes
+
+    def vault_index(self, store: VaultStore) -> VaultIndex:
+        """The refreshed search state of an unlocked vault (built on first use)."""
+        self._ensure_segmentation()
+        idx = self.cache.get(store)
+        with idx.lock:
+            if store.closed:
+                raise VaultLocked(f"vault {store.name} is locked: run `memories vault unlock {store.name}`")
+            idx.refresh()
+        return idx
+
+    def vector_space(self, store: VaultStore, idx: VaultIndex, embedder: Any) -> VectorSpace:
+        """Attach (or reuse) the vectors of ``embedder`` to ``idx``."""
+        with idx.lock:
+            space = idx.vectors
+            dims = embedder.dimensions
+            if dims is None:  # a remote service of unknown width: learn it from one query
+                embedder.embed_queries(["dimension probe"])
+                dims = embedder.dimensions
+            if space is None or space.identity != embedder.identity:
+                if space is not None:
+                    space.close()
+                space = VectorSpace(idx, embedder.identity, int(dims), self.config.rag.cache.max_vector_mib)
+                idx.vectors = space
+            space.attach(idx)
+            return space
+
+    def embed_missing(
+        self,
+        store: VaultStore,
+        idx: VaultIndex,
+        space: VectorSpace,
+        embedder: Any,
+        frag_ids: list[int],
+        ctx: Any,
+        *,
+        deadline: float | None = None,
+        progress: Any = None,
+    ) -> int:
+        """Embed some fragments; stops on lock, vault change or cancellation (finished batches kept)."""
+        if not frag_ids:
+            return 0
+        if getattr(embedder, "url", None):
+            self.check_remote_policy(store, embedder.url, "embedding")
+        gen = store.generation
+
+        def check() -> None:
+            if store.closed:
+                raise Cancelled(f"vault {store.name} was locked: the operation was cancelled")
+            if store.generation != gen:
+                raise Cancelled("the vault changed during the operation: run it again")
+            ctx.check_cancelled()
+
+        def embed_fn(items: list[tuple[str | None, str]]) -> np.ndarray:
+            if getattr(embedder, "url", None):
+                return np.asarray(embedder.embed_documents(items, before_attempt=check))
+            return np.asarray(embedder.embed_documents(items))
+
+        with self._embed_lock:
+            return space.embed(idx, frag_ids, embed_fn, check=check, deadline=deadline, on_batch=progress)
+
+    def embed_query(self, embedder: Any, store: VaultStore, query: str, ctx: Any) -> np.ndarray:
+        if getattr(embedder, "url", None):
+            self.check_remote_policy(store, embedder.url, "embedding")
+            return np.asarray(embedder.embed_queries([query], before_attempt=ctx.check_cancelled))[0]
+        with self._embed_lock:
+            return np.asarray(embedder.embed_queries([query]))[0]
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, store: VaultStore) -> dict[str, Any]:
+        idx = self.cache.peek(store.vault_id)
+        cards = [r for r in store.latest() if r.kind == "card"]
+        searchable = [r for r in store.latest() if r.searchable]
+        if idx is None or idx.bm25 is None:
+            state = "none"
+        elif idx.generation != store.generation:
+            state = "stale"
+        else:
+            state = "built"
+        out: dict[str, Any] = {
+            "vault_id": store.vault_id,
+            "documents": len(cards),
+            "searchable_records": len(searchable),
+            "bytes": sum(len(r.body.encode("utf-8")) for r in cards),
+            "index": state,
+            "fragments": idx.n_fragments() if idx is not None and idx.bm25 is not None else None,
+            "cache": {
+                "source_bytes": idx.source_bytes if idx is not None else 0,
+                "max_fragments": self.config.rag.cache.max_fragments,
+                "max_source_mib": self.config.rag.cache.max_source_mib,
+                "max_vector_mib": self.config.rag.cache.max_vector_mib,
+                "max_vaults": self.config.rag.cache.max_vaults,
+                "cached_vaults": len(self.cache.cached_ids()),
+            },
+            "embedding": {"available": self.embedding_available()},
+        }
+        if out["fragments"] is None:
+            # Count without building the BM25 index (fragmenting only).
+            idx = self.vault_index(store)
+            out["fragments"] = idx.n_fragments()
+            out["index"] = "built"
+            out["cache"]["source_bytes"] = idx.source_bytes
+        if idx is not None and idx.vectors is not None:
+            space = idx.vectors
+            out["embedding"].update(
+                {
+                    "model": space.identity,
+                    "dimensions": space.dims,
+                    "embedded": len(space.index),
+                    "total": idx.n_fragments(),
+                    "vector_bytes": space.nbytes,
+                }
+            )
+        elif self.embedding_available():
+            out["embedding"]["model"] = self._describe_model()
+            out["embedding"]["embedded"] = None
+        else:
+            out["embedding"]["hint"] = INSTALL_HINT
+        return out
+
+    def _describe_model(self) -> str:
+        if self.config.rag.embedding.configured:
+            svc = self.config.rag.embedding
+            return f"remote:{svc.protocol}:{svc.model}"
+        return str(self.model_dir())

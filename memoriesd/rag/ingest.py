@@ -1,0 +1,182 @@
+"""`rag ingest`: UTF-8/Markdown files (or stdin text) into encrypted knowledge cards.
+
+A file's resolved absolute path (safe metadata ``source``) is its card's identity: an unchanged
+file is a no-op, a changed file a new revision of the same card. Records are made durable in
+groups (one fsync + head commit per group); a file is reported only once its group is durable,
+so an interrupted ingest leaves every reported file in the vault and no partial card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DocumentRefused, UsageError
+from ..text.documents import discover, parse_document
+from ..vault.records import Record, new_record_id, now
+from ..vault.store import VaultStore
+
+GROUP_FILES = 64
+GROUP_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class IngestRequest:
+    paths: list[str]
+    recursive: bool = False
+    title: str | None = None
+    tags: list[str] = field(default_factory=list)
+    private: bool = False
+    prune: bool = False
+    text: str | None = None  # stdin content (needs title, never deduplicated)
+
+
+@dataclass
+class IngestReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    pruned: int = 0
+    refused: list[dict[str, str]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "pruned": self.pruned,
+            "refused": self.refused,
+            "records": self.records,
+        }
+
+
+def _merge_tags(cli_tags: list[str], meta: dict[str, Any]) -> tuple[str, ...]:
+    out: list[str] = []
+    fm = meta.get("tags")
+    fm_list = fm if isinstance(fm, list) else ([fm] if isinstance(fm, str) and fm else [])
+    for t in [*cli_tags, *fm_list]:
+        t = str(t).strip()
+        if t and t not in out and len(t) <= 100:
+            out.append(t)
+    return tuple(out[:64])
+
+
+def _cards_by_source(store: VaultStore) -> dict[str, Record]:
+    return {str(r.meta["source"]): r for r in store.latest() if r.kind == "card" and r.meta.get("source")}
+
+
+def _card(prev: Record | None, title: str, body: str, tags: tuple[str, ...], private: bool, meta: dict[str, Any]) -> Record:
+    t = now()
+    if prev is None:
+        return Record(new_record_id(), 1, "card", title, body, private, tags, meta=meta, created=t, updated=t)
+    return Record(prev.id, prev.revision + 1, "card", title, body, private, tags, meta=meta, private_meta=prev.private_meta, created=prev.created, updated=t)
+
+
+def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: int) -> IngestReport:
+    report = IngestReport()
+    if req.text is not None:
+        if not req.title:
+            raise UsageError("ingesting stdin (-) needs --title")
+        parsed = parse_document(req.text.encode("utf-8"), "stdin", title=req.title, max_bytes=max_bytes)
+        meta: dict[str, Any] = {k: v for k, v in parsed.meta.items() if k != "tags"}
+        rec = _card(None, parsed.title, parsed.body, _merge_tags(req.tags, parsed.meta), req.private, meta)
+        store.commit([rec])
+        report.added = 1
+        report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": "added"})
+        return report
+
+    roots = [Path(p) for p in req.paths]
+    for p in roots:
+        if not p.is_absolute():
+            raise UsageError("ingest paths must be absolute (the CLI resolves them)")
+    files, problems = discover(roots, recursive=req.recursive)
+    for path, why in problems:
+        report.refused.append({"path": str(path), "message": why})
+    existing = _cards_by_source(store)
+    total = len(files)
+    pending: list[tuple[Record, str, str]] = []
+    pending_bytes = 0
+    done = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes, done
+        if not pending:
+            return
+        ctx.check_cancelled()
+        store.commit([r for r, _, _ in pending])
+        for rec, status, shown in pending:
+            if status == "added":
+                report.added += 1
+            else:
+                report.updated += 1
+            report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown})
+        done_files = [shown for _, _, shown in pending]
+        pending, pending_bytes = [], 0
+        ctx.send_progress({"done": done, "total": total, "durable": done_files})
+
+    seen_sources: set[str] = set()
+    for path in files:
+        done += 1
+        ctx.check_cancelled()
+        resolved = str(path.resolve())
+        shown = _relative(path, roots)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            report.refused.append({"path": str(path), "message": f"{path.name} cannot be read ({exc.strerror})"})
+            continue
+        try:
+            parsed = parse_document(data, path.name, title=req.title, max_bytes=max_bytes)
+        except DocumentRefused as exc:
+            report.refused.append({"path": str(path), "message": exc.message})
+            continue
+        if resolved in seen_sources:
+            continue
+        seen_sources.add(resolved)
+        digest = hashlib.sha256(data).hexdigest()
+        tags = _merge_tags(req.tags, parsed.meta)
+        meta = {k: v for k, v in parsed.meta.items() if k != "tags"}
+        meta.update({"source": resolved, "path": shown, "sha256": digest})
+        prev = existing.get(resolved)
+        if prev is not None and prev.meta.get("sha256") == digest and prev.title == parsed.title and prev.tags == tags and prev.private == req.private:
+            report.unchanged += 1
+            continue
+        rec = _card(prev, parsed.title, parsed.body, tags, req.private, meta)
+        pending.append((rec, "added" if prev is None else "updated", shown))
+        pending_bytes += len(data)
+        if len(pending) >= GROUP_FILES or pending_bytes >= GROUP_BYTES:
+            flush()
+        elif done % 50 == 0:
+            ctx.send_progress({"done": done, "total": total, "durable": []})
+    flush()
+
+    if req.prune:
+        dirs = [str(p.resolve()) for p in roots if p.is_dir()]
+        if not dirs:
+            raise UsageError("--prune needs a directory among the paths")
+        gone = []
+        for source, rec in _cards_by_source(store).items():
+            under = any(source.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+            if under and source not in seen_sources and not os.path.exists(source):
+                gone.append(Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True))
+        if gone:
+            ctx.check_cancelled()
+            store.commit(gone)
+        report.pruned = len(gone)
+    ctx.send_progress({"done": total, "total": total, "durable": []})
+    return report
+
+
+def _relative(path: Path, roots: list[Path]) -> str:
+    """The path as the user sees it: relative to the directory it was found under."""
+    for root in roots:
+        if root.is_dir():
+            try:
+                return str(path.relative_to(root))
+            except ValueError:
+                continue
+    return path.name

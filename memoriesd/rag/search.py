@@ -1,0 +1,219 @@
+"""Search over a vault: bm25, vector and hybrid (RRF + rerank), fragments or whole documents.
+
+Constraints hold in every mode: ``match_mode`` all/phrase filters vector and hybrid candidates
+through the BM25 index; ``cards_only`` and the private/credential/file exclusions (those records
+are never indexed) apply everywhere. Scores are higher-is-better in every mode.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ModelUnavailable, QueryInvalid
+from ..index.caches import VaultIndex
+from ..vault.store import VaultStore
+from .engine import INSTALL_HINT, RagEngine
+from .fusion import Candidate, fuse, light_rerank, order_by_scores
+
+MODES = ("bm25", "vector", "hybrid")
+MATCH_MODES = ("any", "all", "phrase")
+SNIPPET_CHARS = 200
+
+
+@dataclass
+class SearchRequest:
+    query: str
+    mode: str | None = None  # None = hybrid when an embedder is available, else bm25
+    limit: int = 10
+    match_mode: str = "any"
+    cards_only: bool = False
+    rerank: bool = True
+    min_score: float | None = None
+    rrf_k: int | None = None
+    candidates: int | None = None
+
+
+@dataclass
+class SearchOutcome:
+    mode: str
+    hits: list[Candidate]
+    index: VaultIndex
+    ignored_terms: int = 0
+    notices: list[str] = field(default_factory=list)
+    missing_vectors: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _check(req: SearchRequest) -> None:
+    if not 1 <= req.limit <= 100:
+        raise QueryInvalid("--limit must be between 1 and 100")
+    if req.match_mode not in MATCH_MODES:
+        raise QueryInvalid("--match-mode must be any, all or phrase")
+    if req.mode is not None and req.mode not in MODES:
+        raise QueryInvalid("--mode must be bm25, vector or hybrid")
+    if req.min_score is not None and not -1.0 <= req.min_score <= 1.0:
+        raise QueryInvalid("--min-score is a cosine similarity between -1 and 1")
+
+
+def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest) -> list[int]:
+    if not req.cards_only:
+        return frag_ids
+    return [fid for fid in frag_ids if idx.fragment(fid)[0].kind == "card"]
+
+
+def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: Any) -> SearchOutcome:
+    _check(req)
+    t0 = time.perf_counter()
+    idx = engine.vault_index(store)
+    assert idx.bm25 is not None
+    bm25 = idx.bm25
+    parsed = bm25.parse(req.query, req.match_mode)  # validates the query in every mode
+    mode = req.mode or ("hybrid" if engine.embedding_available() else "bm25")
+    n_cand = req.candidates or engine.config.rag.candidates
+    k = req.rrf_k or engine.config.rag.rrf_k
+    out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
+    t_index = time.perf_counter()
+    out.timings["index_ms"] = (t_index - t0) * 1000
+
+    bm25_ids: list[int] = []
+    bm25_scores: dict[int, float] = {}
+    if mode in ("bm25", "hybrid"):
+        want = req.limit if (mode == "bm25" and not req.cards_only) else max(n_cand, req.limit)
+        res = bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want * (4 if req.cards_only else 1), 10_000))
+        out.ignored_terms = res.ignored_terms
+        bm25_ids = _allowed(idx, [h.frag_id for h in res.hits], req)
+        bm25_scores = {h.frag_id: h.score for h in res.hits}
+        out.timings["bm25_ms"] = (time.perf_counter() - t_index) * 1000
+
+    vec_ids: list[int] = []
+    cosines: dict[int, float] = {}
+    if mode in ("vector", "hybrid"):
+        t_vec = time.perf_counter()
+        if not engine.embedding_available():
+            raise ModelUnavailable(f"--mode {mode} needs an embedding model: {INSTALL_HINT}")
+        embedder = engine.embedder()
+        space = engine.vector_space(store, idx, embedder)
+        missing = space.missing(idx)
+        limit = engine.config.rag.on_demand_embed_limit
+        if missing:
+            engine.embed_missing(store, idx, space, embedder, missing[:limit], ctx)
+            rest = len(missing) - min(len(missing), limit)
+            if rest:
+                out.missing_vectors = rest
+                out.notices.append(
+                    f"{rest:,} fragments have no vector yet, so vector results cover only part of the vault: "
+                    "run `memories rag index` to embed them"
+                )
+        qvec = engine.embed_query(embedder, store, req.query, ctx)
+        allowed: Any = None
+        if req.cards_only:
+            allowed = set(_allowed(idx, idx.live_frag_ids(), req))
+        pairs = space.search(qvec, max(n_cand, req.limit), allowed=allowed, min_score=req.min_score)
+        if req.match_mode != "any" and pairs:
+            keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
+            pairs = [(fid, s) for fid, s in pairs if fid in keep]
+        vec_ids = [fid for fid, _ in pairs]
+        cosines = dict(pairs)
+        out.timings["vector_ms"] = (time.perf_counter() - t_vec) * 1000
+
+    texts = {}
+    titles = {}
+    for fid in set(bm25_ids) | set(vec_ids):
+        doc, frag = idx.fragment(fid)
+        texts[fid] = frag.text
+        titles[fid] = doc.title
+
+    if mode == "bm25":
+        hits = [
+            Candidate(frag_id=fid, score=bm25_scores[fid], bm25_rank=i + 1, text=texts[fid], title=titles[fid])
+            for i, fid in enumerate(bm25_ids[: req.limit])
+        ]
+    elif mode == "vector":
+        hits = [
+            Candidate(frag_id=fid, score=cosines[fid], vector_rank=i + 1, cosine=cosines[fid], text=texts[fid], title=titles[fid])
+            for i, fid in enumerate(vec_ids[: req.limit])
+        ]
+    else:
+        fused = fuse(bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles)
+        t_rr = time.perf_counter()
+        if req.rerank and fused:
+            fused = rerank(engine, store, req.query, fused[:n_cand], ctx)
+        out.timings["rerank_ms"] = (time.perf_counter() - t_rr) * 1000
+        hits = fused[: req.limit]
+    out.hits = hits
+    out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
+    return out
+
+
+def rerank(engine: RagEngine, store: VaultStore, query: str, candidates: list[Candidate], ctx: Any) -> list[Candidate]:
+    """The trained reranker service when configured, else the light heuristic."""
+    svc = engine.config.rag.rerank
+    if svc.configured:
+        from .rerank import remote_rerank
+
+        engine.check_remote_policy(store, svc.url, "rerank")
+        scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=ctx.check_cancelled)
+        return order_by_scores(candidates, scores)
+    if not engine.config.rag.rerank_default:
+        return candidates
+    from ..text.segment import query_terms
+
+    return light_rerank(query_terms(query), candidates)
+
+
+def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
+    """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order."""
+    items = []
+    for i, c in enumerate(out.hits, start=1):
+        doc, frag = out.index.fragment(c.frag_id)
+        score = c.rerank_score if c.rerank_score is not None else c.score
+        items.append(
+            {
+                "label": f"S{i}",
+                "record_id": doc.record_id,
+                "revision": doc.revision,
+                "title": doc.title,
+                "kind": doc.kind,
+                "fingerprint": frag.fingerprint,
+                "start": frag.start,
+                "end": frag.end,
+                "score": round(float(score), 6),
+                "fused_score": round(float(c.score), 6) if out.mode == "hybrid" else None,
+                "bm25_rank": c.bm25_rank,
+                "vector_rank": c.vector_rank,
+                "cosine": None if c.cosine is None else round(float(c.cosine), 6),
+                "text": frag.text,
+                "source": doc.source,
+            }
+        )
+    return items
+
+
+def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
+    """`memory search`: one line per record (its best fragment's score and a snippet)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for c in out.hits:
+        doc, frag = out.index.fragment(c.frag_id)
+        if doc.record_id in seen:
+            continue
+        score = c.rerank_score if c.rerank_score is not None else c.score
+        seen[doc.record_id] = {
+            "id": doc.record_id,
+            "revision": doc.revision,
+            "kind": doc.kind,
+            "title": doc.title,
+            "score": round(float(score), 6),
+            "snippet": snippet(frag.text),
+            "source": doc.source,
+        }
+        if len(seen) >= limit:
+            break
+    return list(seen.values())
