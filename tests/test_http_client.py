@@ -325,3 +325,11 @@ def test_no_proxy_matching_follows_curl_rules() -> None:
     assert no_proxy_matches("::1", "[::1]")
     assert no_proxy_matches("anything.test", "a.test, *")
     assert not no_proxy_matches("api.example.com", "")
+
+
+def test_malformed_header_value_never_leaks_the_key(mirror: Mirror) -> None:
+    bad_key = KEY + "\u00e9"
+    with _client() as http, pytest.raises(HttpError) as info:
+        http.post_json(mirror.url + "/v1/x", {}, headers={"x-api-key": bad_key}, purpose="generation")
+    assert KEY not in str(info.value) and info.value.__cause__ is None and info.value.__suppress_context__
+    assert mirror.seen() == []

@@ -363,3 +363,28 @@ def test_default_upstream_goes_through_the_env_proxy(tmp_path: Path, manifest: M
         with pytest.raises(HttpError, match="proxy"):
             _install(manifest, tmp_path / "model", None, retries=0)
         assert proxy.lines == ["CONNECT models.example.invalid:443 HTTP/1.1"]
+
+
+def test_cancel_interrupts_a_long_retry_after_wait(tmp_path: Path, manifest: Manifest, mirror: Mirror) -> None:
+    mirror.add("/m/onnx/model.onnx", Scripted(status=503, headers={"Retry-After": "30"}))
+    started = time.monotonic()
+
+    def cancel() -> None:
+        if time.monotonic() - started > 0.3:
+            raise Cancelled("model-install was cancelled")
+
+    with pytest.raises(Cancelled):
+        _install(manifest, tmp_path / "model", mirror.url + "/m", cancel=cancel, download_timeout_seconds=120)
+    assert time.monotonic() - started < 2
+
+
+def test_a_second_concurrent_install_is_refused(tmp_path: Path, manifest: Manifest, mirror: Mirror) -> None:
+    import fcntl
+
+    dest = tmp_path / "model"
+    dest.mkdir()
+    with open(dest / ".install.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ModelInstallError, match="another model-install"):
+            _install(manifest, dest, mirror.url + "/m")
+    assert mirror.seen() == []

@@ -300,7 +300,10 @@ def install_model(
         raise ModelInstallError(f"cannot create the model directory {dest} ({exc.strerror})") from None
     finally:
         os.umask(old_umask)
-    lock_fd = _lock(dest)
+    try:
+        lock_fd = _lock(dest)
+    except OSError as exc:
+        raise ModelInstallError(f"cannot use the model directory {dest} ({exc.strerror})") from None
     try:
         results: dict[str, InstalledFile] = {}
         # Check every present file first: a wrong one stops us before any download.
@@ -342,6 +345,11 @@ def install_model(
             os.fsync(fd)
         finally:
             os.close(fd)
+    except OSError as exc:
+        raise ModelInstallError(
+            f"cannot read or write the model directory {dest} ({exc.strerror or 'I/O error'}): free disk space "
+            "or fix its permissions, then run `memories rag model-install` again"
+        ) from None
     finally:
         os.close(lock_fd)
     return InstallReport(

@@ -232,9 +232,16 @@ class HttpClient:
         """
         parsed = parse_url(url, purpose=purpose, allow_query=allow_query)
         client, proxy = self.client_for(parsed)
-        request = client.build_request(
-            method, url, headers=dict(headers or {}), content=content, timeout=timeout or self.timeout()
-        )
+        try:
+            request = client.build_request(
+                method, url, headers=dict(headers or {}), content=content, timeout=timeout or self.timeout()
+            )
+        except (UnicodeError, ValueError, TypeError):
+            # The exception would carry the header value (an API key): never let it out.
+            raise HttpError(
+                f"a request header for the {purpose} service is not valid (non-ASCII or malformed): check the "
+                "API key in the environment variable named by api_key_env"
+            ) from None
         response = client.send(request, stream=True)
         try:
             log.debug("%s %s -> %d (%s)", method, parsed.host, response.status_code, proxy_label(proxy))
@@ -275,7 +282,10 @@ class HttpClient:
                     "POST", url, purpose=purpose, headers=send_headers, content=body, timeout=self.timeout(timeout)
                 ) as resp:
                     status = resp.status_code
-                    log.info("POST %s -> %d (attempt %d/%d)", host, status, attempt + 1, attempts)
+                    log.log(
+                        logging.DEBUG if 200 <= status < 300 else logging.INFO,
+                        "POST %s -> %d (attempt %d/%d)", host, status, attempt + 1, attempts,
+                    )
                     data = self._read_limited(resp, purpose, host)
             except httpx.TransportError as exc:
                 retry_after = None

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from ..errors import DigestMismatch, HttpError, HttpTimeout, RedirectRefused, UrlRefused
+from ..errors import DigestMismatch, HttpError, HttpTimeout, ModelInstallError, RedirectRefused, UrlRefused
 from .client import RETRY_STATUSES, HttpClient, describe_transport_error, retry_delay
 from .urls import display_url, host_of, parse_url
 
@@ -136,7 +136,10 @@ def download_file(
     deadline = time.monotonic() + cfg.download_timeout_seconds
     part = final.with_name(final.name + ".part")
     parse_url(url, purpose=purpose)  # refuse before touching the disk
-    state = _open_part(part, size)
+    try:
+        state = _open_part(part, size)
+    except OSError as exc:
+        raise _write_error(final, exc) from None
     failures = 0
     try:
         while True:
@@ -157,7 +160,7 @@ def download_file(
                     if time.monotonic() + delay > deadline:
                         raise _budget_error(name, cfg.download_timeout_seconds) from None
                     log.info("GET %s retry %d in %.2fs", host_of(url), failures, delay)
-                    time.sleep(delay)
+                    _sleep(delay, cancel)
                     continue
             if state.offset != size or state.hasher.hexdigest() != sha256.lower():
                 if state.resumed_from_disk:
@@ -175,6 +178,9 @@ def download_file(
         state.fh.close()
         part.unlink(missing_ok=True)
         raise
+    except OSError as exc:
+        state.fh.close()
+        raise _write_error(final, exc) from None
     except BaseException:
         state.fh.close()  # the .part stays: the next run resumes it
         raise
@@ -184,14 +190,32 @@ def download_file(
         state.fh.close()
         os.replace(part, final)
         _fsync_dir(final.parent)
+    except OSError as exc:
+        raise _write_error(final, exc) from None
     finally:
         if not state.fh.closed:
             state.fh.close()
 
 
+def _write_error(final: Path, exc: OSError) -> ModelInstallError:
+    return ModelInstallError(
+        f"cannot write the model file {final} ({exc.strerror or 'I/O error'}): free disk space or fix the "
+        "directory's permissions, then run `memories rag model-install` again"
+    )
+
+
+def _sleep(seconds: float, cancel: Callable[[], None] | None) -> None:
+    """Sleep, letting ``cancel`` interrupt (Retry-After may ask for up to 30 s)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if cancel is not None:
+            cancel()
+        time.sleep(min(left, 0.1))
+
+
 def _budget_error(name: str, seconds: float) -> HttpTimeout:
     return HttpTimeout(
-        f"downloading the model file {name} took longer than rag.http.download_timeout_seconds ({seconds:g} s); "
+        f"downloading the model file {name} cannot finish within rag.http.download_timeout_seconds ({seconds:g} s); "
         "the partial file is kept: run `memories rag model-install` again to resume, or raise the limit"
     )
 
@@ -224,12 +248,12 @@ def _attempt(
                 allow_query=current != url,
             ) as resp:
                 status = resp.status_code
-                log.info("GET %s -> %d", host, status)
+                log.log(logging.DEBUG if status in (200, 206) else logging.INFO, "GET %s -> %d", host, status)
                 if 300 <= status < 400 and resp.headers.get("Location"):
                     current = redirect_target(current, resp.headers["Location"], origin=url, purpose=purpose)
                     continue
                 if status == 416:
-                    raise _Retry(HttpError(f"the mirror {host} refused to resume {name}"), restart=True)
+                    raise _Retry(HttpError(f"the mirror {host} refused to resume {name}: run `memories rag model-install` again"), restart=True)
                 if status in RETRY_STATUSES:
                     raise _Retry(
                         HttpError(f"the mirror {host} failed with HTTP {status} while sending {name}: try again later"),
@@ -255,7 +279,10 @@ def _attempt(
                 raise _Retry(err) from None
             raise err from None
         if state.offset < size:
-            raise _Retry(HttpError(f"the mirror {host} closed the connection before the end of {name}"))
+            raise _Retry(HttpError(
+                f"the mirror {host} closed the connection before the end of {name}: run "
+                "`memories rag model-install` again (it resumes)"
+            ))
         return
     raise RedirectRefused(f"the {purpose} of {name} was redirected more than {MAX_REDIRECTS} times: check the mirror")
 
