@@ -36,6 +36,8 @@ MAX_LIMIT = 100
 MAX_CANDIDATES = 10_000
 _MIB = 1024 * 1024
 _FILTER_CHUNK = 500
+#: Terms in more than this share of fragments are left out of ranking expressions.
+PRUNE_DF_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class BM25Index:
         self._exact_rows: set[int] = set()
         self._n_fragments = 0
         self._source_bytes = 0
+        self.prune_df_share = PRUNE_DF_SHARE
         self._df: dict[str, int] = {}  # term (casefolded) -> fragments containing it
         self._lock = threading.Lock()
         self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -224,16 +227,18 @@ class BM25Index:
         """Validate a query as :meth:`search` would (raises :class:`QueryInvalid`)."""
         return parse_query(query, match_mode, han_only=self.segmentation.han_only)
 
-    def _ranking_expression(self, terms: Sequence[str]) -> str:
-        """The OR of the terms, without those in more than half of the fragments.
+    def _ranking_expression(self, terms: Sequence[str]) -> tuple[str, bool]:
+        """The OR of the terms without those in more than half of the fragments, and whether any were left out.
 
-        FTS5 clamps the IDF of such a term to 1e-6, so it adds nothing to any
-        score, yet scoring every row it occurs in dominates query time (a query
-        with "the" or "of" touches nearly every row). Dropping them leaves the
-        ranking of every fragment that has another term unchanged. When every
-        term is that common, all are kept. Caller holds the lock.
+        FTS5 clamps the IDF of such a term to 1e-6, so it adds (almost) nothing
+        to any score, yet scoring every row it occurs in dominates query time (a
+        query with "the" or "of" touches nearly every row). Leaving them out
+        keeps the ranking of every fragment that has another term. The caller
+        re-runs the full OR when the pruned query returns fewer rows than asked
+        for, so fragments that have only common terms are still found. When
+        every term is that common, all are kept. Caller holds the lock.
         """
-        half = self._n_fragments / 2
+        half = self._n_fragments * self.prune_df_share
         keep: list[str] = []
         for t in terms:
             key = t.casefold()
@@ -243,7 +248,9 @@ class BM25Index:
                 self._df[key] = df
             if 0 < df <= half:
                 keep.append(t)
-        return or_expression(keep or terms)
+        if not keep or len(keep) == len(terms):
+            return or_expression(terms), False
+        return or_expression(keep), True
 
     def search(self, query: str, *, match_mode: str = "any", limit: int = 10) -> SearchResult:
         """The best ``limit`` (1..100) fragments for ``query``, best first."""
@@ -262,59 +269,70 @@ class BM25Index:
             try:
                 if pq.constraint is None or (pq.match_mode == "all" and not pq.constraint_exact):
                     # bm25 of an AND of terms is the OR's score on the rows that have them all.
+                    sql = f"SELECT rowid, {score} AS s FROM t WHERE t MATCH ? ORDER BY s, rowid LIMIT ?"
                     if pq.constraint is None:
-                        expr = self._ranking_expression(pq.ranked_terms)
+                        expr, pruned = self._ranking_expression(pq.ranked_terms)
                     else:
-                        expr = pq.constraint
-                    rows = self._db.execute(
-                        f"SELECT rowid, {score} AS s FROM t WHERE t MATCH ? ORDER BY s, rowid LIMIT ?",
-                        (expr, limit),
-                    ).fetchall()
-                    return SearchResult([Hit(r[0], -r[1]) for r in rows], pq.ignored_terms)
-                table = "x" if pq.constraint_exact else "t"
-                rows = self._db.execute(
-                    f"SELECT rowid, {score} AS s FROM t WHERE t MATCH ? AND rowid IN "
-                    f"(SELECT rowid FROM {table} WHERE {table} MATCH ?) ORDER BY s, rowid LIMIT ?",
-                    (self._ranking_expression(pq.ranked_terms), pq.constraint, limit),
-                ).fetchall()
+                        expr, pruned = pq.constraint, False
+                    rows = self._db.execute(sql, (expr, limit)).fetchall()
+                    if pruned and len(rows) < limit:
+                        rows = self._db.execute(sql, (pq.ranked, limit)).fetchall()
+                    fallback = pq.exact_any
+                else:
+                    table = "x" if pq.constraint_exact else "t"
+                    sql = (
+                        f"SELECT rowid, {score} AS s FROM t WHERE t MATCH ? AND rowid IN "
+                        f"(SELECT rowid FROM {table} WHERE {table} MATCH ?) ORDER BY s, rowid LIMIT ?"
+                    )
+                    expr, pruned = self._ranking_expression(pq.ranked_terms)
+                    rows = self._db.execute(sql, (expr, pq.constraint, limit)).fetchall()
+                    if pruned and len(rows) < limit:
+                        rows = self._db.execute(sql, (pq.ranked, pq.constraint, limit)).fetchall()
+                    fallback = pq.constraint if pq.constraint_exact else None
                 hits = [Hit(r[0], -r[1]) for r in rows]
-                if len(hits) < limit and pq.constraint_exact:
-                    # Fragments that contain the Han text but none of jieba's
-                    # words for it: they qualify, with no lexical score.
-                    seen = {h.frag_id for h in hits}
-                    more = self._db.execute(
-                        "SELECT rowid FROM x WHERE x MATCH ? ORDER BY rowid", (pq.constraint,)
-                    ).fetchall()
-                    for (fid,) in more:
-                        if len(hits) >= limit:
-                            break
-                        if fid not in seen:
-                            hits.append(Hit(fid, 0.0))
+                if len(hits) < limit and fallback is not None:
+                    self._append_exact(hits, fallback, limit)
                 return SearchResult(hits, pq.ignored_terms)
             except sqlite3.Error as exc:  # pragma: no cover - parse_query only emits quoted strings
                 raise Internal("the lexical index failed to run a query: report this as a bug") from exc
+
+    def _append_exact(self, hits: list[Hit], expr: str, limit: int) -> None:
+        """Add exact-index matches that ranking missed, score 0, in frag_id order.
+
+        They contain the Han text but none of jieba's words for it (jieba cut
+        their context differently). Caller holds the lock.
+        """
+        seen = {h.frag_id for h in hits}
+        cur = self._db.execute("SELECT rowid FROM x WHERE x MATCH ? ORDER BY rowid", (expr,))
+        for (fid,) in cur:
+            if len(hits) >= limit:
+                break
+            if fid not in seen:
+                hits.append(Hit(fid, 0.0))
 
     def filter(self, query: str, match_mode: str, frag_ids: Iterable[int]) -> set[int]:
         """Which of ``frag_ids`` satisfy ``query`` in ``match_mode`` (for vector and hybrid candidates)."""
         pq = self.parse(query, match_mode)
         ids = sorted({int(i) for i in frag_ids})
+        checks: list[tuple[str, str]] = []
         if pq.constraint is None:
-            table, expr = "t", pq.ranked
-        elif pq.constraint_exact:
-            table, expr = "x", pq.constraint
+            checks.append(("t", pq.ranked))
+            if pq.exact_any is not None:
+                checks.append(("x", pq.exact_any))
         else:
-            table, expr = "t", pq.constraint
+            checks.append(("x" if pq.constraint_exact else "t", pq.constraint))
         out: set[int] = set()
         with self._lock:
             try:
-                for i in range(0, len(ids), _FILTER_CHUNK):
-                    chunk = ids[i : i + _FILTER_CHUNK]
-                    marks = ",".join("?" * len(chunk))
-                    rows = self._db.execute(
-                        f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid IN ({marks})",
-                        (expr, *chunk),
-                    ).fetchall()
-                    out.update(r[0] for r in rows)
+                for table, expr in checks:
+                    for i in range(0, len(ids), _FILTER_CHUNK):
+                        chunk = ids[i : i + _FILTER_CHUNK]
+                        marks = ",".join("?" * len(chunk))
+                        rows = self._db.execute(
+                            f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid IN ({marks})",
+                            (expr, *chunk),
+                        ).fetchall()
+                        out.update(r[0] for r in rows)
             except sqlite3.Error as exc:  # pragma: no cover
                 raise Internal("the lexical index failed to run a query: report this as a bug") from exc
         return out

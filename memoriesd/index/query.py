@@ -38,6 +38,9 @@ class ParsedQuery:
     ``constraint`` is the expression a fragment must satisfy in ``all`` and
     ``phrase`` modes (None for ``any``); ``constraint_exact`` says it targets the
     exact index (the query contains Han characters) rather than the ranked one.
+    ``exact_any`` (``any`` mode with Chinese words of two or more characters)
+    finds those words inside longer words in the exact index; such fragments
+    follow the ranked ones with score 0.
     """
 
     match_mode: str
@@ -46,6 +49,7 @@ class ParsedQuery:
     ranked_terms: tuple[str, ...]
     constraint: str | None
     constraint_exact: bool
+    exact_any: str | None = None
 
     @property
     def ranked(self) -> str:
@@ -97,6 +101,7 @@ def parse_query(query: str, match_mode: str = "any", *, han_only: bool = DEFAULT
             "the query has no searchable words: use letters or digits (punctuation and symbols are ignored)"
         )
     exact = match_mode != "any" and has_han(query)
+    exact_any: str | None = None
     if match_mode == "phrase":
         # The phrase is the query's own token sequence; with Han text, one
         # token per character, matched in the exact index.
@@ -111,9 +116,12 @@ def parse_query(query: str, match_mode: str = "any", *, han_only: bool = DEFAULT
         terms = ranked_terms = words[:MAX_TERMS]
         if match_mode == "any":
             constraint = None
+            long_han = [t for t in terms if len(t) >= 2 and has_han(t)]
+            if long_han:
+                exact_any = " OR ".join(quote(segment_chars(t).strip()) for t in long_han)
         elif exact:
             # Each term as a run of single characters: substring semantics for Han.
             constraint = " AND ".join(quote(segment_chars(t).strip()) for t in terms)
         else:
             constraint = " AND ".join(quote(t) for t in terms)
-    return ParsedQuery(match_mode, tuple(terms), ignored, tuple(ranked_terms), constraint, exact)
+    return ParsedQuery(match_mode, tuple(terms), ignored, tuple(ranked_terms), constraint, exact, exact_any)
