@@ -312,3 +312,14 @@ def test_entry_keys_bind_the_title_and_sidecar_names_stay_opaque(tmp_path: Path)
     for bad in ("../../etc", "short", "a/b/c/d/e", "x" * 200):
         with pytest.raises(ValueError):
             sidecar_path(tmp_path, bad)
+
+
+def test_a_failed_write_is_one_line_error_with_its_own_code(tmp_path: Path) -> None:
+    from memoriesd.errors import MemoriesError
+
+    s = store(tmp_path / "missing-dir" / "vectors-nowhere01.bin")
+    with pytest.raises(MemoriesError) as err:
+        s.append(make_entries(3))
+    assert err.value.code == "vector_store_failed"
+    assert "\n" not in err.value.message and "vectors-nowhere01.bin" in err.value.message
+    assert s.load() == {}
