@@ -41,7 +41,9 @@ RANK_DEPTH = 1000  # fragments fetched per query to rank documents
 
 def load(set_dir: Path) -> tuple[list[dict[str, str]], dict[str, str], dict[str, dict[str, int]]]:
     corpus = [json.loads(line) for line in (set_dir / "corpus.jsonl").open(encoding="utf-8")]
-    queries = {q["_id"]: q["text"] for q in map(json.loads, (set_dir / "queries.jsonl").open(encoding="utf-8"))}
+    queries = {
+        q["_id"]: q["text"] for q in map(json.loads, (set_dir / "queries.jsonl").open(encoding="utf-8"))
+    }
     qrels: dict[str, dict[str, int]] = {}
     with (set_dir / "qrels" / "test.tsv").open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh, delimiter="\t"):

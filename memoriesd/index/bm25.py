@@ -130,8 +130,7 @@ class BM25Index:
         tok = segmentation.fts5_tokenizer
         for table in ("t", "x"):
             self._db.execute(
-                f"CREATE VIRTUAL TABLE {table} USING fts5(title, body, meta, content='', "
-                f"tokenize='{tok}')"
+                f"CREATE VIRTUAL TABLE {table} USING fts5(title, body, meta, content='', tokenize='{tok}')"
             )
         self.add(docs)
 
@@ -162,7 +161,9 @@ class BM25Index:
                             exact.append(self._exact_row(fid, doc, frag))
                     self._db.executemany("INSERT INTO t(rowid, title, body, meta) VALUES (?, ?, ?, ?)", rows)
                     if exact:
-                        self._db.executemany("INSERT INTO x(rowid, title, body, meta) VALUES (?, ?, ?, ?)", exact)
+                        self._db.executemany(
+                            "INSERT INTO x(rowid, title, body, meta) VALUES (?, ?, ?, ?)", exact
+                        )
                         self._exact_rows.update(r[0] for r in exact)
                     self._live[doc.record_id] = ids
                     self._n_fragments += len(ids)

@@ -89,7 +89,9 @@ def _refuse_binary(data: bytes, shown: str) -> None:
         if data.startswith(magic):
             raise DocumentRefused(f"{shown} is {kind}, not UTF-8 text: convert it to text or Markdown first")
     if data[:12].startswith(b"RIFF") and data[8:12] == b"WEBP":
-        raise DocumentRefused(f"{shown} is a WebP image, not UTF-8 text: convert it to text or Markdown first")
+        raise DocumentRefused(
+            f"{shown} is a WebP image, not UTF-8 text: convert it to text or Markdown first"
+        )
     if data[4:8] == b"ftyp":
         raise DocumentRefused(
             f"{shown} is an image or video file (ISO media), not UTF-8 text: convert it to text or Markdown first"
@@ -243,7 +245,9 @@ def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
 
     def onerror(exc: OSError) -> None:
         where = Path(exc.filename) if exc.filename else root
-        problems.append((where, f"cannot read this directory ({exc.strerror or 'error'}): check its permissions"))
+        problems.append(
+            (where, f"cannot read this directory ({exc.strerror or 'error'}): check its permissions")
+        )
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
         dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
@@ -295,5 +299,7 @@ def discover(paths: list[Path], *, recursive: bool) -> tuple[list[Path], list[tu
             else:
                 problems.append((p, "does not exist: check the path"))
         except OSError as exc:
-            problems.append((p, f"cannot be read ({exc.strerror or 'error'}): check the path and its permissions"))
+            problems.append(
+                (p, f"cannot be read ({exc.strerror or 'error'}): check the path and its permissions")
+            )
     return files, problems
