@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Retrieval quality of Memories on a BEIR-format dataset, through the real daemon.
+
+Ingests ``corpus.jsonl`` (each document's title as its title) into a throw-away vault, runs the
+queries of ``qrels/<split>.tsv`` with ``rag search``, ranks documents by their best fragment and
+prints one JSON object per run: ndcg@10, recall@100, p50_ms, p95_ms, queries, documents, mode.
+
+    scripts/eval_beir.py ../shared/eval/scifact --mode bm25
+    scripts/eval_beir.py ../shared/eval/scifact --mode hybrid --mode vector --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
+    scripts/eval_beir.py ../shared/eval/scifact --mode hybrid --rrf-k 10 --rrf-k 20 --rrf-k 60 --rrf-k 100 --rerank both
+
+Several --mode / --rrf-k / --rerank values share one ingest and one embedding pass. With
+--home DIR the vault (and its sealed vectors) is kept and reused by the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from memoriesd.server import protocol  # noqa: E402
+
+PASSPHRASE = "eval passphrase"
+
+
+class Conn:
+    def __init__(self, sock_path: Path) -> None:
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(str(sock_path))
+        self.n = 0
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.n += 1
+        self.s.sendall(protocol.encode({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = protocol.recv_frame(self.s)
+            if "progress" in msg:
+                continue
+            if "error" in msg:
+                raise RuntimeError(f"{method}: {msg['error']['code']}: {msg['error']['message']}")
+            return msg["result"]
+
+
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_qrels(path: Path) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    with path.open(encoding="utf-8") as f:
+        next(f)
+        for line in f:
+            q, d, s = line.rstrip("\n").split("\t")
+            out.setdefault(q, {})[d] = int(s)
+    return out
+
+
+def ndcg_at(ranked: list[str], rel: dict[str, int], k: int = 10) -> float:
+    dcg = sum((2 ** rel.get(d, 0) - 1) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
+    ideal = sorted(rel.values(), reverse=True)[:k]
+    idcg = sum((2**r - 1) / math.log2(i + 2) for i, r in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at(ranked: list[str], rel: dict[str, int], k: int = 100) -> float:
+    relevant = {d for d, s in rel.items() if s > 0}
+    return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
+
+
+def start_daemon(home: Path, model_dir: str | None, n_docs: int) -> subprocess.Popen[bytes]:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cfg = [
+        "[vault]\nkdf_memory_kib = 65536\nkdf_iterations = 3\nkdf_lanes = 4\n",
+        "[daemon]\nauto_lock_minutes = 0\n",
+        "[rag]\noperation_budget_seconds = 3600\non_demand_embed_limit = 0\n",
+    ]
+    if model_dir:
+        cfg.append(f'local_model_dir = "{Path(model_dir).resolve()}"\nlocal_threads = {os.cpu_count() or 2}\n')
+    big = max(100_000, n_docs * 20)
+    cfg.append(f"[rag.cache]\nmax_fragments = {big}\nmax_source_mib = 2048\nmax_vector_mib = 4096\n")
+    (home / "config.toml").write_text("".join(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO),
+    )
+    sock = home / "run" / "memoriesd.sock"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon failed: {proc.stderr.read().decode() if proc.stderr else ''}")
+        if sock.exists():
+            try:
+                Conn(sock).call("daemon.status", {})
+                return proc
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise SystemExit("daemon did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dataset", type=Path)
+    ap.add_argument("--mode", action="append", choices=["bm25", "vector", "hybrid"])
+    ap.add_argument("--model-dir", default=None, help="a local embedding model directory (vector and hybrid modes)")
+    ap.add_argument("--no-rerank", action="store_true", help="skip the light reranker (hybrid)")
+    ap.add_argument("--rerank", choices=["on", "off", "both"], default=None, help="run hybrid with, without, or both")
+    ap.add_argument("--rrf-k", type=int, action="append", help="RRF k (repeatable)")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--max-queries", type=int, default=None)
+    ap.add_argument("--limit", type=int, default=100, help="fragments retrieved per query (1-100)")
+    ap.add_argument("--home", type=Path, default=None, help="keep the vault here and reuse it next time")
+    args = ap.parse_args()
+    modes = args.mode or ["bm25"]
+    if any(m != "bm25" for m in modes) and not args.model_dir:
+        ap.error("--mode vector/hybrid needs --model-dir")
+    rerank_opts = {"on": [True], "off": [False], "both": [True, False]}[args.rerank] if args.rerank else [not args.no_rerank]
+    ks = args.rrf_k or [60]
+
+    corpus = load_jsonl(args.dataset / "corpus.jsonl")
+    queries = {q["_id"]: q["text"] for q in load_jsonl(args.dataset / "queries.jsonl")}
+    qrels = load_qrels(args.dataset / "qrels" / f"{args.split}.tsv")
+    qids = [q for q in qrels if q in queries][: args.max_queries]
+
+    keep = args.home is not None
+    tmp_root = Path(tempfile.mkdtemp(prefix="mev", dir="/tmp")) if not keep else None
+    home = args.home.resolve() if keep else tmp_root / "h"  # type: ignore[operator]
+    proc = start_daemon(home, args.model_dir, len(corpus))
+    try:
+        conn = Conn(home / "run" / "memoriesd.sock")
+        vaults = conn.call("vault.list", {})["vaults"]
+        ingest_s = None
+        if vaults:
+            vid = vaults[0]["vault_id"]
+            conn.call("vault.unlock", {"vault": vid, "passphrase": PASSPHRASE})
+        else:
+            vid = conn.call("vault.create", {"name": "eval", "passphrase": PASSPHRASE})["vault_id"]
+            t0 = time.perf_counter()
+            for doc in corpus:
+                conn.call("memory.add", {"vault": vid, "title": doc.get("title") or "", "body": doc["text"] or doc.get("title") or "-", "tags": [f"beir:{doc['_id']}"]})
+            ingest_s = time.perf_counter() - t0
+        # Map record ids back to BEIR ids.
+        rid_to_doc = {}
+        for r in conn.call("memory.list", {"vault": vid})["records"]:
+            tag = next((t for t in r["tags"] if t.startswith("beir:")), None)
+            if tag:
+                rid_to_doc[r["id"]] = tag[5:]
+        t0 = time.perf_counter()
+        st = conn.call("rag.status", {"vault": vid})
+        build_s = time.perf_counter() - t0
+        embed_s = None
+        if args.model_dir:
+            t0 = time.perf_counter()
+            while True:
+                out = conn.call("rag.index", {"vault": vid})
+                if out["remaining"] == 0:
+                    break
+            embed_s = time.perf_counter() - t0
+        runs = []
+        for mode in modes:
+            for rr in rerank_opts if mode == "hybrid" else [True]:
+                for k in ks if mode == "hybrid" else [60]:
+                    runs.append((mode, rr, k))
+        for mode, rr, k in runs:
+            lat, ndcgs, recalls = [], [], []
+            for qid in qids:
+                params = {"vault": vid, "query": queries[qid][:1000], "mode": mode, "limit": args.limit, "no_rerank": not rr, "rrf_k": k}
+                t0 = time.perf_counter()
+                try:
+                    res = conn.call("rag.search", params)["results"]
+                except RuntimeError as exc:
+                    if "query_invalid" in str(exc):
+                        res = []
+                    else:
+                        raise
+                lat.append((time.perf_counter() - t0) * 1000)
+                ranked: list[str] = []
+                for item in res:
+                    d = rid_to_doc.get(item["record_id"])
+                    if d and d not in ranked:
+                        ranked.append(d)
+                ndcgs.append(ndcg_at(ranked, qrels[qid]))
+                recalls.append(recall_at(ranked, qrels[qid]))
+            lat.sort()
+            result = {
+                "dataset": args.dataset.name,
+                "mode": mode,
+                "rerank": rr if mode == "hybrid" else None,
+                "rrf_k": k if mode == "hybrid" else None,
+                "ndcg@10": round(statistics.fmean(ndcgs), 4),
+                "recall@100": round(statistics.fmean(recalls), 4),
+                "p50_ms": round(lat[len(lat) // 2], 2),
+                "p95_ms": round(lat[int(len(lat) * 0.95) - 1], 2),
+                "queries": len(qids),
+                "documents": len(corpus),
+                "fragments": st["fragments"],
+                "ingest_seconds": None if ingest_s is None else round(ingest_s, 2),
+                "index_build_seconds": round(build_s, 2),
+                "embed_seconds": None if embed_s is None else round(embed_s, 2),
+                "model_dir": args.model_dir,
+            }
+            print(json.dumps(result), flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
