@@ -166,6 +166,32 @@ def _clean_terms(query_terms: Sequence[str]) -> list[str]:
     return out
 
 
+class _Matcher:
+    """Compiled term and adjacent-pair patterns of one query (built once per rerank)."""
+
+    def __init__(self, query_terms: Sequence[str]) -> None:
+        terms = _clean_terms(query_terms)
+        self.terms = [re.compile(_term_pattern(t)) for t in terms]
+        self.pairs = [
+            re.compile(_term_pattern(a) + _GAP + _term_pattern(b)) for a, b in zip(terms, terms[1:], strict=False)
+        ]
+
+    def score(self, text: str) -> tuple[float, float]:
+        if not self.terms:
+            return 0.0, 0.0
+        hay = text.casefold()
+        found = [p.search(hay) is not None for p in self.terms]
+        coverage = sum(found) / len(found)
+        if not self.pairs:
+            return coverage, coverage
+        hits = sum(
+            1
+            for pat, fa, fb in zip(self.pairs, found, found[1:], strict=False)
+            if fa and fb and pat.search(hay) is not None
+        )
+        return coverage, hits / len(self.pairs)
+
+
 def term_coverage(query_terms: Sequence[str], text: str) -> tuple[float, float]:
     """``(coverage, phrase)`` of ``text`` for the query, each in [0, 1].
 
@@ -173,20 +199,7 @@ def term_coverage(query_terms: Sequence[str], text: str) -> tuple[float, float]:
     adjacent query-term pairs (in query order) found next to each other. With fewer
     than two terms, phrase equals coverage (a one-word query is its own phrase).
     """
-    terms = _clean_terms(query_terms)
-    if not terms:
-        return 0.0, 0.0
-    hay = text.casefold()
-    found = [re.search(_term_pattern(t), hay) is not None for t in terms]
-    coverage = sum(found) / len(terms)
-    if len(terms) < 2:
-        return coverage, coverage
-    pairs = list(zip(terms, terms[1:], strict=False))
-    hits = 0
-    for (a, b), fa, fb in zip(pairs, found, found[1:], strict=False):
-        if fa and fb and re.search(_term_pattern(a) + _GAP + _term_pattern(b), hay):
-            hits += 1
-    return coverage, hits / len(pairs)
+    return _Matcher(query_terms).score(text)
 
 
 def light_rerank(
@@ -211,9 +224,10 @@ def light_rerank(
     if weight < 0 or not 0 <= phrase_share <= 1:
         raise ValueError("light_rerank needs weight >= 0 and 0 <= phrase_share <= 1")
     best = max(c.score for c in candidates)
+    matcher = _Matcher(query_terms)
     scored: list[tuple[float, int, Candidate]] = []
     for pos, c in enumerate(candidates):
-        coverage, phrase = term_coverage(query_terms, c.title + "\n" + c.text if c.title else c.text)
+        coverage, phrase = matcher.score(c.title + "\n" + c.text if c.title else c.text)
         bonus = (1.0 - phrase_share) * coverage + phrase_share * phrase
         base = c.score / best if best > 0 else 0.0
         value = base * (1.0 + weight * bonus)
