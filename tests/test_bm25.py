@@ -309,3 +309,30 @@ def test_xquad_zh_quality() -> None:
     ndcg, _ = _ndcg10(ix, queries, qrels)
     assert ndcg >= 0.95
     ix.close()
+
+
+def test_concurrent_searches_and_updates_do_not_interfere() -> None:
+    import threading
+
+    ix = BM25Index([doc(f"d{i}", f"shared words number{i} 共享文本") for i in range(50)])
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(50):
+                assert ix.search("shared 共享", limit=10).hits
+                assert ix.filter("共享文本", "phrase", range(60))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for i in range(20):
+        ix.add([doc(f"d{i}", f"shared words replaced{i} 共享文本")])
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert ix.stats.fragments == 50
+    assert rids(ix, "replaced7") == ["d7"]
+    ix.close()
