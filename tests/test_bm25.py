@@ -293,13 +293,12 @@ def _ndcg10(
 
 
 @pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason="../shared/eval/scifact is absent")
-def test_scifact_quality_and_speed() -> None:
-    ix, queries, qrels, build_s = _load("scifact")
+def test_scifact_quality_meets_the_fragment_level_baseline() -> None:
+    """Quality only: speed targets live in scripts/bench_bm25.py, never in timed assertions."""
+    ix, queries, qrels, _ = _load("scifact")
     assert ix.stats.fragments > 13_000
-    assert build_s < 10  # about 1 s on 2 cores
-    ndcg, lat = _ndcg10(ix, queries, qrels)
+    ndcg, _ = _ndcg10(ix, queries, qrels)
     assert ndcg >= 0.68
-    assert lat[len(lat) // 2] < 0.05  # p50 is about 10 ms; generous for loaded CI machines
     ix.close()
 
 
