@@ -12,6 +12,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 DEMO=$(mktemp -d /tmp/memories-demo.XXXXXX)
 export MEMORIES_HOME="$DEMO/home"
+mkdir -p "$MEMORIES_HOME"
+# Cheap KDF parameters keep the demo quick; the defaults (64 MiB, t=3, p=4) stay strong.
+printf '[vault]\nkdf_memory_kib = 8192\nkdf_iterations = 1\nkdf_lanes = 1\n' > "$MEMORIES_HOME/config.toml"
 trap 'memories daemon stop >/dev/null 2>&1 || true; rm -rf "$DEMO"' EXIT
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -37,6 +40,34 @@ if memories rag --help >/dev/null 2>&1; then
   memories rag search demo "restore the vault" --limit 3
   memories rag search demo "长城" --limit 3
   memories rag status demo
+
+  step "ask a grounded question through a loopback OpenAI-compatible service (scripts/demo_llm.py)"
+  .venv/bin/python scripts/demo_llm.py "$DEMO/llm.port" & LLM_PID=$!
+  trap 'kill $LLM_PID 2>/dev/null || true; memories daemon stop >/dev/null 2>&1 || true; rm -rf "$DEMO"' EXIT
+  for _ in $(seq 50); do [ -s "$DEMO/llm.port" ] && break; sleep 0.1; done
+  PORT=$(cat "$DEMO/llm.port")
+  memories daemon stop
+  cat >> "$MEMORIES_HOME/config.toml" <<CFG
+[rag.generation]
+protocol = "compatible"
+url = "http://127.0.0.1:$PORT/v1/chat/completions"
+model = "demo"
+CFG
+  printf 'demo passphrase\n' | memories vault unlock demo --passphrase-stdin
+  memories rag ask demo "How do I restore a vault backup?"
+  memories --json rag ask demo "How do I restore a vault backup?" | head -n 20
+
+  step "the same question through a loopback Gemini-protocol service"
+  memories daemon stop
+  sed -i '/^\[rag.generation\]/,$d' "$MEMORIES_HOME/config.toml"
+  cat >> "$MEMORIES_HOME/config.toml" <<CFG
+[rag.generation]
+protocol = "gemini"
+url = "http://127.0.0.1:$PORT/v1beta/models/gemini-2.5-flash:generateContent"
+model = "gemini-2.5-flash"
+CFG
+  printf 'demo passphrase\n' | memories vault unlock demo --passphrase-stdin
+  memories rag ask demo "我们下个月去北京看什么？"
 fi
 
 step "lock the vault: the daemon forgets the key"
