@@ -253,3 +253,10 @@ def test_canary_never_on_disk_after_ingest_and_search(daemon: Daemon, notes: Pat
         for c in ("CANARYBODY", "CANARYTITLE", "机密金丝雀", "garden", "Tomatoes"):
             assert c.encode("utf-8") not in data, (path, c)
     assert json.dumps(daemon.call("vault.status", {"vault": vid}))  # still serving
+
+
+def test_title_only_record_is_found_by_its_title(daemon: Daemon) -> None:
+    vid = create_vault(daemon)
+    rid = daemon.call("memory.add", {"vault": vid, "title": "Dentist appointment Tuesday", "body": ""})["id"]
+    hits = daemon.call("rag.search", {"vault": vid, "query": "dentist"})["results"]
+    assert [h["record_id"] for h in hits] == [rid] and hits[0]["text"] == "" and hits[0]["start"] == hits[0]["end"] == 0

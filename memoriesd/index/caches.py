@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import CacheConfig
-from ..text.fragments import Fragment, split_fragments
+from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
 from ..vault.records import Record
 from ..vault.store import VaultStore
@@ -58,6 +58,9 @@ class VaultIndex:
 
     def _doc_for(self, rec: Record) -> IndexedDoc:
         frags = split_fragments(rec.id, rec.revision, rec.body, bytes(self._fp_key))
+        if not frags and rec.title.strip():
+            # A title-only record: one empty fragment so its title and metadata are searchable.
+            frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(bytes(self._fp_key), 0, 0, b""))]
         source = rec.meta.get("path") or None
         return IndexedDoc(
             record_id=rec.id,

@@ -1,0 +1,83 @@
+"""Budgeted and cancellable embedding passes (`rag index`), with a slow loopback embedding service."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import Daemon, create_vault, run_cli, short_tmpdir, write_config
+from .servers import Mirror, Scripted
+
+EMBED = "/v1/embeddings"
+
+
+def _answer(n: int, delay: float) -> Scripted:
+    return Scripted.json(200, {"data": [{"index": i, "embedding": [1.0, float(i % 7), 0.5]} for i in range(n)]}, delay=delay)
+
+
+@pytest.fixture
+def slow() -> Iterator[tuple[Daemon, Mirror, str]]:
+    with Mirror() as server:
+        root = short_tmpdir()
+        home = root / "h"
+        write_config(
+            home,
+            f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "e"\ndimensions = 3\n'
+            "[rag.http]\nretries = 0\ntimeout_seconds = 10\n",
+        )
+        d = Daemon(home).start()
+        vid = create_vault(d)
+        for i in range(70):  # 3 batches of at most 32 fragments
+            d.call("memory.add", {"vault": vid, "body": f"note {i} about things"})
+        yield d, server, vid
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_budget_ends_a_pass_between_batches_and_keeps_finished_ones(slow: tuple[Daemon, Mirror, str]) -> None:
+    d, server, vid = slow
+    server.add(EMBED, _answer(32, 0.4), _answer(32, 0.4), _answer(6, 0.4))
+    out = d.call("rag.index", {"vault": vid, "budget_seconds": 0.2})
+    assert out["embedded"] == 32 and out["remaining"] == 38
+    # The CLI repeats budgeted passes until everything is embedded.
+    r = run_cli(d.home, "--json", "rag", "index", vid)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == 70
+    assert d.call("rag.status", {"vault": vid})["embedding"]["embedded"] == 70
+
+
+def test_lock_during_indexing_cancels_and_discards_the_late_batch(slow: tuple[Daemon, Mirror, str]) -> None:
+    d, server, vid = slow
+    server.add(EMBED, _answer(32, 1.5))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(msg=d.request("rag.index", {"vault": vid})))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not server.seen(EMBED) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    d.call("vault.lock", {"vault": vid})
+    t.join(10)
+    assert result["msg"]["error"]["code"] == "cancelled"
+    d.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})
+    server.add(EMBED, _answer(32, 0), _answer(32, 0), _answer(6, 0))
+    assert d.call("rag.index", {"vault": vid})["embedded"] == 70  # nothing of the late batch was kept
+
+
+def test_vault_change_during_indexing_stops_the_pass(slow: tuple[Daemon, Mirror, str]) -> None:
+    d, server, vid = slow
+    server.add(EMBED, _answer(32, 1.0))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(msg=d.request("rag.index", {"vault": vid})))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not server.seen(EMBED) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    d.call("memory.add", {"vault": vid, "body": "a new note"})
+    t.join(10)
+    assert result["msg"]["error"]["code"] == "cancelled"
+    assert "changed" in result["msg"]["error"]["message"]
