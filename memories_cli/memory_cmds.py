@@ -11,7 +11,7 @@ import typer
 
 from memoriesd.errors import UsageError
 
-from .state import STATE, call, emit_json, fmt_time, notice, table
+from .state import STATE, call, emit_json, fmt_time, notice, report, table
 
 memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True)
 
@@ -150,10 +150,7 @@ def update(
     if private is not None:
         params["private"] = private
     out = call("memory.update", params)
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Updated {out['id']} to revision {out['revision']}.")
+    report(out, f"Updated {out['id']} to revision {out['revision']}.")
 
 
 @memory_app.command("delete")
@@ -163,7 +160,4 @@ def delete(
 ) -> None:
     """Delete a record (its sealed bytes stay in the log until `vault compact`)."""
     out = call("memory.delete", {"vault": vault, "id": record_id})
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Deleted {out['id']}.")
+    report(out, f"Deleted {out['id']}.")

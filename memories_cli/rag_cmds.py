@@ -13,7 +13,7 @@ import typer
 
 from memoriesd.errors import MemoriesError, UsageError
 
-from .state import STATE, call, emit_json, notice, table
+from .state import STATE, call, emit_json, notice, report, table
 
 rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True)
 
@@ -110,10 +110,7 @@ def ingest(
         out = call("rag.ingest", params, progress=on_progress)
     for r in out["refused"]:
         sys.stderr.write(f"refused: {r['path']}: {r['message']}\n")
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
+    report(out, f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
 
@@ -203,10 +200,7 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
             if out["embedded"] == 0:
                 raise MemoriesError("no progress was made embedding fragments: see the daemon log", code="index_stalled")
     result = {"embedded": embedded_total, "total": out["total"], "model": out["model"]}
-    if STATE.json:
-        emit_json(result)
-    else:
-        notice(f"embedded {embedded_total:,} fragments; {out['total']:,} of {out['total']:,} have vectors ({out['model']})")
+    report(result, f"embedded {embedded_total:,} fragments; {out['total']:,} of {out['total']:,} have vectors ({out['model']})")
 
 
 @rag_app.command("ask")

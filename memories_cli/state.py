@@ -38,6 +38,14 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
+def report(obj: Any, human: str) -> None:
+    """The result of a command: JSON on stdout with --json, else a one-line notice on stderr."""
+    if STATE.json:
+        emit_json(obj)
+    else:
+        notice(human)
+
+
 def notice(text: str) -> None:
     """Notices go to stderr (stdout stays machine-readable)."""
     sys.stderr.write(text + "\n")

@@ -12,7 +12,7 @@ import typer
 
 from memoriesd.errors import DaemonUnreachable, UsageError
 
-from .state import STATE, call, emit_json, fmt_time, notice, prompt_secret, read_secret_lines, table
+from .state import STATE, call, emit_json, fmt_time, notice, prompt_secret, read_secret_lines, report, table
 
 vault_app = typer.Typer(help="Create, unlock, lock and manage encrypted vaults.", no_args_is_help=True)
 daemon_app = typer.Typer(help="Start, stop and inspect the memoriesd daemon.", no_args_is_help=True)
@@ -108,10 +108,7 @@ def unlock(
             out = call("vault.unlock", params)
     for n in out.pop("notices", []):
         notice(n)
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Unlocked vault {out['name']}.")
+    report(out, f"Unlocked vault {out['name']}.")
 
 
 @vault_app.command("lock")
@@ -123,10 +120,7 @@ def lock(
     if not all_ and not vault:
         raise UsageError("name a vault to lock, or pass --all")
     out = call("vault.lock", {"all": True} if all_ else {"vault": vault})
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Locked {len(out['locked'])} vault(s).")
+    report(out, f"Locked {len(out['locked'])} vault(s).")
 
 
 @vault_app.command("passwd")
@@ -142,10 +136,7 @@ def passwd(
         old = prompt_secret("Current passphrase: ")
         new = prompt_secret("New passphrase: ", confirm=True)
     out = call("vault.passwd", {"vault": vault, "old": old, "new": new})
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice("Passphrase changed.")
+    report(out, "Passphrase changed.")
 
 
 @vault_app.command("delete")
@@ -158,20 +149,14 @@ def delete(
         if not typer.confirm(f"Delete vault {vault} and all its records? This cannot be undone", default=False):
             raise typer.Exit(1)
     out = call("vault.delete", {"vault": vault})
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Deleted vault {out['deleted']}.")
+    report(out, f"Deleted vault {out['deleted']}.")
 
 
 @vault_app.command("compact")
 def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
     """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions."""
     out = call("vault.compact", {"vault": vault})
-    if STATE.json:
-        emit_json(out)
-    else:
-        notice(f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes.")
+    report(out, f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes.")
 
 
 @vault_app.command("policy")

@@ -52,6 +52,16 @@ def _wipe(*bufs: bytearray | None) -> None:
                 b[i] = 0
 
 
+def _remember(app: Any, store: VaultStore, out: dict[str, Any]) -> None:
+    """Keep the unlock secret in the OS keyring; "no keyring" is a normal state, said in a notice."""
+    try:
+        app.vaults.remember(store)
+        out["remembered"] = True
+    except KeyringUnavailable as exc:
+        out["remembered"] = False
+        out["notices"].append(exc.message)
+
+
 def vault_info(app: Any, vault_id: str) -> dict[str, Any]:
     store = app.vaults.unlocked_store(vault_id)
     info: dict[str, Any] = {"vault_id": vault_id, "name": app.vaults.name_of(vault_id), "locked": store is None}
@@ -102,12 +112,7 @@ def vault_create(app: Any, ctx: Context) -> dict[str, Any]:
         store.commit([Setting("policy.device_only", True)])
     out["device_only"] = device_only
     if remember:
-        try:
-            app.vaults.remember(store)
-            out["remembered"] = True
-        except KeyringUnavailable as exc:
-            out["remembered"] = False
-            out["notices"].append(exc.message)
+        _remember(app, store, out)
     return out
 
 
@@ -135,12 +140,7 @@ def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
         _wipe(pw)
     out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "locked": False, "notices": []}
     if remember:
-        try:
-            app.vaults.remember(store)
-            out["remembered"] = True
-        except KeyringUnavailable as exc:
-            out["remembered"] = False
-            out["notices"].append(exc.message)
+        _remember(app, store, out)
     return out
 
 
