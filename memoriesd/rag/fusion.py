@@ -166,30 +166,70 @@ def _clean_terms(query_terms: Sequence[str]) -> list[str]:
     return out
 
 
+_GAP_FULL = re.compile(_GAP + r"\Z")
+
+
+def _variants(term: str) -> frozenset[str]:
+    """The words an ASCII term matches: itself plus the suffixes of :func:`_term_pattern`."""
+    last = term[-1]
+    return frozenset(
+        [term, term + "s", term + "es"] + [term + mid + suf for mid in ("", last) for suf in ("ed", "ing", "er")]
+    )
+
+
 class _Matcher:
-    """Compiled term and adjacent-pair patterns of one query (built once per rerank)."""
+    """Term and adjacent-pair matching for one query (built once per rerank).
+
+    ASCII terms are matched against the text's words (maximal ``[0-9a-z]`` runs, the same
+    boundaries as the regex), which is one pass per candidate instead of one regex per term;
+    other terms (CJK) use their regex.
+    """
 
     def __init__(self, query_terms: Sequence[str]) -> None:
         terms = _clean_terms(query_terms)
-        self.terms = [re.compile(_term_pattern(t)) for t in terms]
+        self.n = len(terms)
+        self.ascii = [bool(_ASCII_WORD.fullmatch(t)) for t in terms]
+        self.variants = [_variants(t) if a else frozenset() for t, a in zip(terms, self.ascii, strict=True)]
+        self.terms = [None if a else re.compile(_term_pattern(t)) for t, a in zip(terms, self.ascii, strict=True)]
+        # Pair regexes only where a CJK term is involved (ASCII pairs use word positions).
         self.pairs = [
-            re.compile(_term_pattern(a) + _GAP + _term_pattern(b)) for a, b in zip(terms, terms[1:], strict=False)
+            None if (ia and ib) else re.compile(_term_pattern(a) + _GAP + _term_pattern(b))
+            for a, b, ia, ib in zip(terms, terms[1:], self.ascii, self.ascii[1:], strict=False)
         ]
 
     def score(self, text: str) -> tuple[float, float]:
-        if not self.terms:
+        if not self.n:
             return 0.0, 0.0
         hay = text.casefold()
-        found = [p.search(hay) is not None for p in self.terms]
-        coverage = sum(found) / len(found)
-        if not self.pairs:
+        words = set(_ASCII_WORD.findall(hay)) if any(self.ascii) else set()
+        spans: list[tuple[str, int, int]] = []
+        at: dict[str, list[int]] = {}
+        found = [
+            bool(words & self.variants[i]) if self.ascii[i] else self.terms[i].search(hay) is not None  # type: ignore[union-attr]
+            for i in range(self.n)
+        ]
+        coverage = sum(found) / self.n
+        if self.n < 2:
             return coverage, coverage
-        hits = sum(
-            1
-            for pat, fa, fb in zip(self.pairs, found, found[1:], strict=False)
-            if fa and fb and pat.search(hay) is not None
-        )
-        return coverage, hits / len(self.pairs)
+        hits = 0
+        for i in range(self.n - 1):
+            if not (found[i] and found[i + 1]):
+                continue
+            if self.ascii[i] and self.ascii[i + 1]:
+                if not spans:  # word positions, computed only when a pair needs them
+                    spans = [(m.group(), m.start(), m.end()) for m in _ASCII_WORD.finditer(hay)]
+                    for j, (w, _, _) in enumerate(spans):
+                        at.setdefault(w, []).append(j)
+                va, vb = self.variants[i], self.variants[i + 1]
+                if any(
+                    j + 1 < len(spans) and spans[j + 1][0] in vb and _GAP_FULL.match(hay, spans[j][2], spans[j + 1][1])
+                    for w in va & words
+                    for j in at[w]
+                ):
+                    hits += 1
+            elif self.pairs[i].search(hay) is not None:  # type: ignore[union-attr]
+                hits += 1
+        return coverage, hits / (self.n - 1)
 
 
 def term_coverage(query_terms: Sequence[str], text: str) -> tuple[float, float]:
