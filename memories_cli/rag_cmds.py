@@ -163,9 +163,12 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         emit_json(out)
         return
     emb = out["embedding"]
+    if out.get("cap_error"):
+        notice(out["cap_error"])
+    frags = "?" if out["fragments"] is None else f"{out['fragments']:,}"
     rows = [
         ["documents", out["documents"]],
-        ["fragments", f"{out['fragments']:,} (cap {out['cache']['max_fragments']:,})"],
+        ["fragments", f"{frags} (cap {out['cache']['max_fragments']:,})"],
         ["bytes", f"{out['bytes']:,}"],
         ["index", out["index"]],
         ["source text", f"{out['cache']['source_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_source_mib']:g} MiB)"],

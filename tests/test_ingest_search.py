@@ -260,3 +260,21 @@ def test_title_only_record_is_found_by_its_title(daemon: Daemon) -> None:
     rid = daemon.call("memory.add", {"vault": vid, "title": "Dentist appointment Tuesday", "body": ""})["id"]
     hits = daemon.call("rag.search", {"vault": vid, "query": "dentist"})["results"]
     assert [h["record_id"] for h in hits] == [rid] and hits[0]["text"] == "" and hits[0]["start"] == hits[0]["end"] == 0
+
+
+def test_status_over_cap_says_which_cap_instead_of_failing() -> None:
+    root = short_tmpdir()
+    home = root / "h"
+    write_config(home, "[rag.cache]\nmax_fragments = 1\n")
+    d = Daemon(home).start()
+    try:
+        vid = create_vault(d)
+        for i in range(2):
+            d.call("memory.add", {"vault": vid, "body": f"note {i}"})
+        st = d.call("rag.status", {"vault": vid})
+        assert st["index"] == "over_cap" and "max_fragments" in st["cap_error"] and st["documents"] == 0
+        r = run_cli(home, "rag", "status", vid)
+        assert r.returncode == 0 and "max_fragments" in r.stderr
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)

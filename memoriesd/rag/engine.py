@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, ModelUnavailable, VaultLocked
+from ..errors import Cancelled, CapExceeded, ModelUnavailable, VaultLocked
 from ..index.caches import IndexCache, VaultIndex
 from ..vault.store import VaultStore
 from .vectors import VectorSpace
@@ -132,6 +132,7 @@ class RagEngine:
             space = idx.vectors
             dims = embedder.dimensions
             if dims is None:  # a remote service of unknown width: learn it from one query
+                self.check_remote_policy(store, embedder.url, "embedding")
                 embedder.embed_queries(["dimension probe"])
                 dims = embedder.dimensions
             if space is None or space.identity != embedder.identity:
@@ -213,11 +214,16 @@ class RagEngine:
             "embedding": {"available": self.embedding_available()},
         }
         if out["fragments"] is None:
-            # Count without building the BM25 index (fragmenting only).
-            idx = self.vault_index(store)
-            out["fragments"] = idx.n_fragments()
-            out["index"] = "built"
-            out["cache"]["source_bytes"] = idx.source_bytes
+            try:
+                idx = self.vault_index(store)
+            except CapExceeded as exc:
+                out["index"] = "over_cap"
+                out["cap_error"] = exc.message
+                idx = None
+            else:
+                out["fragments"] = idx.n_fragments()
+                out["index"] = "built"
+                out["cache"]["source_bytes"] = idx.source_bytes
         if idx is not None and idx.vectors is not None:
             space = idx.vectors
             out["embedding"].update(
