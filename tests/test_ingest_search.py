@@ -147,13 +147,14 @@ def test_index_invalidated_after_update_delete_and_lock(daemon: Daemon) -> None:
     st = daemon.call("rag.status", {"vault": vid})
     assert st["index"] == "built"
     daemon.call("memory.add", {"vault": vid, "body": "epsilon"})
-    assert daemon.call("rag.status", {"vault": vid})["index"] in ("stale", "built")
+    assert daemon.call("rag.status", {"vault": vid})["index"] == "stale"
     daemon.call("vault.lock", {"vault": vid})
     with pytest.raises(DaemonError) as ei:
         daemon.call("rag.search", {"vault": vid, "query": "gamma"})
     assert ei.value.code == "vault_locked"
     daemon.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})
-    assert daemon.call("rag.status", {"vault": vid})["fragments"] == 2
+    st = daemon.call("rag.status", {"vault": vid})
+    assert st["fragments"] == 2 and st["index"] == "none"  # lock dropped it; status does not rebuild it
     daemon.call("memory.delete", {"vault": vid, "id": rid})
     assert daemon.call("rag.search", {"vault": vid, "query": "gamma"})["results"] == []
 
@@ -272,7 +273,7 @@ def test_status_over_cap_says_which_cap_instead_of_failing() -> None:
         for i in range(2):
             d.call("memory.add", {"vault": vid, "body": f"note {i}"})
         st = d.call("rag.status", {"vault": vid})
-        assert st["index"] == "over_cap" and "max_fragments" in st["cap_error"] and st["documents"] == 0
+        assert st["index"] == "over_cap" and "max_fragments" in st["cap_error"] and st["documents"] == 0 and st["fragments"] == 2
         r = run_cli(home, "rag", "status", vid)
         assert r.returncode == 0 and "max_fragments" in r.stderr
     finally:

@@ -214,16 +214,23 @@ class RagEngine:
             "embedding": {"available": self.embedding_available()},
         }
         if out["fragments"] is None:
+            # No index yet: count what it would hold without building it (state stays "none").
+            from ..index.bm25 import check_caps
+            from ..text.fragments import split_fragments
+
+            n_frags = 0
+            size = 0
+            for r in searchable:
+                frags = split_fragments(r.id, r.revision, r.body, bytes(32))
+                n_frags += max(1, len(frags)) if r.title.strip() or frags else 0
+                size += len(r.title.encode("utf-8")) + len(r.body.encode("utf-8"))
+            out["fragments"] = n_frags
+            out["cache"]["source_bytes"] = size
             try:
-                idx = self.vault_index(store)
+                check_caps(n_frags, size, self.config.rag.cache)
             except CapExceeded as exc:
                 out["index"] = "over_cap"
                 out["cap_error"] = exc.message
-                idx = None
-            else:
-                out["fragments"] = idx.n_fragments()
-                out["index"] = "built"
-                out["cache"]["source_bytes"] = idx.source_bytes
         if idx is not None and idx.vectors is not None:
             space = idx.vectors
             out["embedding"].update(
