@@ -183,3 +183,21 @@ def test_model_install_through_cli_refuses_a_mirror_with_wrong_bytes() -> None:
         finally:
             run_cli(home, "daemon", "stop")
             shutil.rmtree(root, ignore_errors=True)
+
+
+def test_changed_model_files_ask_for_a_restart(tmp_path_factory: pytest.TempPathFactory) -> None:
+    model = tmp_path_factory.mktemp("m") / "tiny"
+    make_tiny_model(model, seed=5)
+    home = _home_with(model)
+    d = Daemon(home).start()
+    try:
+        vid = create_vault(d)
+        d.call("memory.add", {"vault": vid, "body": "dog cat"})
+        d.call("rag.index", {"vault": vid})
+        make_tiny_model(model, seed=6)  # new weights under the loaded model
+        with pytest.raises(DaemonError) as ei:
+            d.call("rag.search", {"vault": vid, "query": "dog", "mode": "vector"})
+        assert ei.value.code == "model_unavailable" and "restart the daemon" in ei.value.message
+    finally:
+        d.stop()
+        shutil.rmtree(home.parent, ignore_errors=True)

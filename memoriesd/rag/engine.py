@@ -38,6 +38,7 @@ class RagEngine:
         self._embed_lock = threading.Lock()  # one embedding computation at a time
         self._local: Any = None
         self._local_dir: Path | None = None
+        self._local_stamp: tuple[tuple[str, int, int], ...] = ()
         self._remote: Any = None
         self._http: Any = None
         self._state_lock = threading.Lock()
@@ -83,6 +84,11 @@ class RagEngine:
                     self._remote = RemoteEmbedder(self.http_client(), self.config.rag.embedding, os.environ)
                 return self._remote
         with self._state_lock:
+            if self._local is not None and self._model_stamp() != self._local_stamp:
+                raise ModelUnavailable(
+                    f"the model files in {self._local_dir} changed after the daemon loaded them: restart the daemon "
+                    "(`memories daemon stop`; the next command starts it again)"
+                )
             if self._local is None:
                 if not self.local_model_present():
                     raise ModelUnavailable(f"no embedding model is installed: {INSTALL_HINT}")
@@ -97,8 +103,19 @@ class RagEngine:
                     overrides=self.config.rag.local_model,
                 )
                 self._local_dir = d
+                self._local_stamp = self._model_stamp()
                 log.info("local embedding model loaded in %.2f s (%d dims)", time.perf_counter() - t0, self._local.dimensions)
             return self._local
+
+    def _model_stamp(self) -> tuple[tuple[str, int, int], ...]:
+        """Size and mtime of the model files, to notice when they change under a loaded model."""
+        d = self.model_dir()
+        out = []
+        for p in sorted(d.rglob("*")) if d.is_dir() else []:
+            if p.is_file() and not p.name.startswith("."):
+                st = p.stat()
+                out.append((str(p.relative_to(d)), st.st_size, st.st_mtime_ns))
+        return tuple(out)
 
     def http_client(self) -> Any:
         """The one HTTP client of the daemon (created on first use)."""
