@@ -279,3 +279,15 @@ def test_status_over_cap_says_which_cap_instead_of_failing() -> None:
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_jieba_cache_lives_in_the_private_home_cache(daemon: Daemon) -> None:
+    import tempfile
+
+    vid = create_vault(daemon)
+    daemon.call("memory.add", {"vault": vid, "body": "我们去北京"})
+    assert daemon.call("rag.search", {"vault": vid, "query": "北京"})["results"]
+    private = daemon.home / "cache" / "jieba"
+    assert (private / "jieba.cache").is_file()
+    assert (private.stat().st_mode & 0o777) == 0o700
+    assert not (Path(tempfile.gettempdir()) / "jieba.cache").exists()

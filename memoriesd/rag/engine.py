@@ -58,7 +58,9 @@ class RagEngine:
         if not self._segment_ready:
             from ..text.segment import configure
 
-            configure(self.home.cache / "jieba")
+            private = self.home.cache / "jieba"
+            private.mkdir(mode=0o700, parents=True, exist_ok=True)
+            configure(private)
             self._segment_ready = True
 
     def model_dir(self) -> Path:
