@@ -1,0 +1,192 @@
+"""`memories grant ...`, `memories mcp` and `memories inject`: AI clients with scoped, revocable grants."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memoriesd.errors import UsageError
+
+from .state import STATE, call, emit_json, fmt_time, notice, table
+
+grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True)
+
+SCOPES = ("search", "read", "retrieve", "ask")
+DEFAULT_SCOPE = "search,read,retrieve"
+DEFAULT_TTL = "24h"
+GRANT_ENV = "MEMORIES_GRANT"
+_TTL = re.compile(r"^([1-9][0-9]{0,9})([smhd])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_TTL_SECONDS = 10 * 366 * 86400
+
+
+def parse_ttl(text: str) -> int | None:
+    """Seconds for `90s`, `30m`, `8h`, `7d`; None for `never`."""
+    value = text.strip().lower()
+    if value == "never":
+        return None
+    m = _TTL.match(value)
+    if not m:
+        raise UsageError(f"--ttl {text!r} is not a duration: use a number with s, m, h or d (like 90s, 30m, 8h, 7d) or never")
+    seconds = int(m.group(1)) * _UNIT[m.group(2)]
+    if seconds > MAX_TTL_SECONDS:
+        raise UsageError("--ttl is longer than 10 years: use never for a grant without expiry")
+    return seconds
+
+
+def parse_scopes(text: str) -> list[str]:
+    items = [s.strip().lower() for s in text.split(",") if s.strip()]
+    bad = [s for s in items if s not in SCOPES]
+    if bad or not items:
+        raise UsageError(f"--scope takes a comma-separated list of {', '.join(SCOPES)} (default {DEFAULT_SCOPE})")
+    return [s for s in SCOPES if s in items]
+
+
+def _mcp_command() -> list[str]:
+    cmd = ["memories"]
+    if STATE.home_arg:
+        cmd += ["--home", str(Path(STATE.home_arg).expanduser().resolve())]
+    return cmd + ["mcp"]
+
+
+def client_setup(token: str) -> tuple[str, dict[str, Any]]:
+    """The `claude mcp add` line and the JSON `mcpServers` entry for a token."""
+    cmd = _mcp_command()
+    claude = "claude mcp add memories -e " + shlex.quote(f"{GRANT_ENV}={token}") + " -- " + shlex.join(cmd)
+    entry = {"mcpServers": {"memories": {"command": cmd[0], "args": cmd[1:], "env": {GRANT_ENV: token}}}}
+    return claude, entry
+
+
+def _expiry(expires: float | None) -> str:
+    return "never" if expires is None else fmt_time(expires)
+
+
+@grant_app.command("create")
+def create(
+    vault: Annotated[str, typer.Argument(help="The vault (id or name) the grant may reach; it must be unlocked.")],
+    scope: Annotated[str, typer.Option("--scope", help="Comma-separated: search, read, retrieve, ask.")] = DEFAULT_SCOPE,
+    ttl: Annotated[str, typer.Option("--ttl", help="Lifetime: 90s, 30m, 8h, 7d or never.")] = DEFAULT_TTL,
+    cards_only: Annotated[bool, typer.Option("--cards-only", help="Limit every tool to ingested knowledge cards.")] = False,
+    label: Annotated[str, typer.Option("--label", help="A note for `grant list` (e.g. which tool uses it).")] = "",
+) -> None:
+    """Create a grant and print its token once, with the MCP client set-up for it."""
+    params: dict[str, Any] = {
+        "vault": vault,
+        "scopes": parse_scopes(scope),
+        "ttl_seconds": parse_ttl(ttl),
+        "cards_only": cards_only,
+        "label": label,
+    }
+    out = call("grant.create", params)
+    if STATE.json:
+        emit_json({k: out[k] for k in ("grant_id", "token", "vault_id", "scopes", "cards_only", "expires")})
+        return
+    token = out["token"]
+    claude, entry = client_setup(token)
+    notice(
+        f"Created grant {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
+        f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
+    )
+    notice("The token is shown only now. Anyone holding it can use these scopes while the vault is unlocked;")
+    notice(f"revoke it with `memories grant revoke {out['grant_id']}`.")
+    print(f"token: {token}")
+    print()
+    print("Claude Code:")
+    print(f"  {claude}")
+    print()
+    print("Other MCP clients (mcpServers entry):")
+    print(json.dumps(entry, indent=2))
+
+
+@grant_app.command("list")
+def list_(vault: Annotated[str | None, typer.Argument(help="Only this vault (default: every unlocked vault).")] = None) -> None:
+    """List grants (id, label, scopes, expiry, last use); tokens are never shown."""
+    out = call("grant.list", {"vault": vault} if vault else {})
+    for vid in out.get("locked_vaults", []):
+        notice(f"vault {vid} is locked: its grants are sealed inside it (run `memories vault unlock {vid}` to list them)")
+    if STATE.json:
+        emit_json({"grants": out["grants"], "locked_vaults": out.get("locked_vaults", [])})
+        return
+    now = time.time()
+    rows = []
+    for g in out["grants"]:
+        expiry = _expiry(g["expires"]) + (" (expired)" if g["expires"] is not None and g["expires"] <= now else "")
+        scopes = ",".join(g["scopes"]) + (" cards-only" if g["cards_only"] else "")
+        rows.append([g["grant_id"], g["vault_id"], g["label"], scopes, expiry, fmt_time(g["last_used"]) or "never"])
+    table(["GRANT_ID", "VAULT_ID", "LABEL", "SCOPES", "EXPIRES", "LAST USE"], rows)
+
+
+@grant_app.command("revoke")
+def revoke(
+    grant_id: Annotated[str | None, typer.Argument(help="The grant to revoke (see `memories grant list`).")] = None,
+    all_: Annotated[str | None, typer.Option("--all", metavar="VAULT_ID", help="Revoke every grant of this vault.")] = None,
+) -> None:
+    """Revoke a grant now (or all of a vault's): the next call, and any call in flight, is refused."""
+    if (grant_id is None) == (all_ is None):
+        raise UsageError("give either a GRANT_ID or --all VAULT_ID")
+    params: dict[str, Any] = {"all": True, "vault": all_} if all_ is not None else {"grant_id": grant_id}
+    out = call("grant.revoke", params)
+    if STATE.json:
+        emit_json(out)
+        return
+    if not out["revoked"]:
+        notice(f"vault {out['vault_id']} had no grants.")
+    for gid in out["revoked"]:
+        notice(f"Revoked grant {gid} of vault {out['vault_id']}.")
+
+
+def mcp(
+    grant_file: Annotated[
+        Path | None, typer.Option("--grant-file", help=f"Read the grant token from this file (else ${GRANT_ENV}).")
+    ] = None,
+) -> None:
+    """Serve MCP over stdio for an AI client, limited to one grant (from $MEMORIES_GRANT or --grant-file)."""
+    if grant_file is not None:
+        try:
+            token = grant_file.read_text("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the grant file {grant_file}: check the path and its permissions") from exc
+    else:
+        token = os.environ.get(GRANT_ENV, "").strip()
+    if not token:
+        raise UsageError(
+            f"no grant: create one with `memories grant create VAULT_ID` and pass its token in ${GRANT_ENV} "
+            "or with --grant-file"
+        )
+    if not token.startswith("mg_") or token.count("_") < 3:
+        raise UsageError("the grant token is malformed: copy it again, or create a new one with `memories grant create VAULT_ID`")
+    from .mcp_server import serve
+
+    serve(STATE.home, token)
+
+
+def inject(
+    target: Annotated[str, typer.Argument(help="all, claude (~/.claude/skills) or agents (~/.agents/skills).")] = "all",
+    directory: Annotated[Path | None, typer.Option("--dir", help="Write into this skills folder instead.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the skill even if it was edited.")] = False,
+) -> None:
+    """Install the Memories skill (memories/SKILL.md) into AI clients' skill folders."""
+    from .skill import inject as do_inject
+
+    results = do_inject(target, directory, force=force)
+    if STATE.json:
+        emit_json({"results": [{"path": str(r.path), "action": r.action} for r in results]})
+        return
+    for r in results:
+        print(r.message)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(grant_app, name="grant")
+    app.command("mcp")(mcp)
+    app.command("inject")(inject)
+
+
+__all__ = ["register", "parse_ttl", "parse_scopes", "client_setup"]

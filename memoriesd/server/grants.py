@@ -1,0 +1,428 @@
+"""Scoped, revocable grants for AI clients (the MCP server) and their enforcement.
+
+A grant is for exactly one vault. Its token ``mg_<vault_id>_<grant_id>_<secret>`` carries the ids
+in clear so the daemon can find the grant while the vault is locked; the secret is 256 random bits.
+The daemon keeps only ``HMAC(subkey(vault key, LABEL_GRANTS), token)``, sealed in the vault's log
+as the Setting ``grant.<grant_id>`` with the scopes and expiry. So a grant survives lock/unlock and
+restart, a copied vault directory reveals no token, and a locked vault cannot verify (nor serve)
+any grant: every call answers ``vault_locked``.
+
+The hooks :func:`authorize` and :func:`filter_result` run around every handler on a connection
+that presented a grant (see ``App.dispatch``). Work in flight re-verifies the grant through
+``ctx.checks``, so expiry, revocation and lock cancel it and a late result is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import GrantInvalid, MemoriesError, NotFound, ScopeDenied, UsageError, VaultLocked
+from ..vault import crypto
+from ..vault.records import UNSEARCHABLE_KINDS, Record, new_record_id
+from ..vault.store import Setting, VaultStore
+from .context import Context, Params
+from .handlers import method
+
+log = logging.getLogger("memoriesd.grants")
+
+TOKEN_PREFIX = "mg_"
+SETTING_PREFIX = "grant."
+SCOPES = ("search", "read", "retrieve", "ask")
+DEFAULT_SCOPES = ("search", "read", "retrieve")
+DEFAULT_TTL_SECONDS = 24 * 3600
+MAX_TTL_SECONDS = 10 * 366 * 24 * 3600
+MAX_LABEL = 200
+# `last use` is kept in memory on every call and written to the vault at most this often (and on
+# lock): a write bumps the vault generation, which would cancel an owner's long indexing run.
+PERSIST_LAST_USE_SECONDS = 600.0
+
+# The only methods a grant connection may call, and the scope each needs.
+SCOPE_OF_METHOD = {"memory.search": "search", "memory.read": "read", "rag.search": "retrieve", "rag.ask": "ask"}
+# Parameters a grant may choose per method; everything else (vault, with_data, tuning) is dropped.
+ALLOWED_PARAMS = {
+    "memory.search": ("query", "limit", "match_mode", "cards_only"),
+    "memory.read": ("id", "revision"),
+    "rag.search": ("query", "mode", "limit", "match_mode", "no_rerank", "min_score", "cards_only"),
+    "rag.ask": ("question", "mode", "limit", "match_mode", "no_rerank", "cards_only"),
+}
+_ID = re.compile(r"^[a-z0-9]{6,32}$")
+_SECRET = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
+
+
+@dataclass
+class PresentedGrant:
+    """What a connection presented: the ids from the token, and the token to verify it with."""
+
+    vault_id: str
+    grant_id: str
+    token: str = field(repr=False)
+    poisoned: bool = False  # the token did not verify: the connection is refused everything
+
+
+@dataclass(frozen=True)
+class ParsedToken:
+    vault_id: str
+    grant_id: str
+
+
+def parse_token(token: str) -> ParsedToken:
+    """The ids a token names; ``grant_invalid`` when it is not shaped like one of ours."""
+    parts = token.split("_", 3)
+    if (
+        len(parts) != 4
+        or parts[0] + "_" != TOKEN_PREFIX
+        or not _ID.match(parts[1])
+        or not _ID.match(parts[2])
+        or not _SECRET.match(parts[3])
+    ):
+        raise GrantInvalid(
+            "the grant token is malformed: copy it again, or ask the person to run `memories grant create VAULT_ID`"
+        )
+    return ParsedToken(parts[1], parts[2])
+
+
+def _token_hash(store: VaultStore, token: str) -> str:
+    key = crypto.subkey(store.key, crypto.LABEL_GRANTS)
+    try:
+        return crypto.mac(key, token.encode("utf-8")).hex()
+    finally:
+        crypto.wipe(key)
+
+
+def _locked(vault_id: str) -> VaultLocked:
+    return VaultLocked(f"the vault of this grant is locked: the person must run `memories vault unlock {vault_id}`")
+
+
+def _revoked() -> GrantInvalid:
+    return GrantInvalid(
+        "this grant was revoked or is not valid: the person can create a new one with `memories grant create VAULT_ID`"
+    )
+
+
+# ---------------------------------------------------------------------------- last use
+
+
+class _Uses:
+    """In-memory `last use` per grant, flushed to the vault now and then and when it locks."""
+
+    def __init__(self, app: Any) -> None:
+        self.lock = threading.Lock()
+        self.last: dict[tuple[str, str], float] = {}
+        self.stores: dict[str, VaultStore] = {}
+        app.vaults.on_lock(self.flush)
+
+    def touch(self, store: VaultStore, grant_id: str, rec: dict[str, Any]) -> None:
+        t = round(time.time(), 3)
+        with self.lock:
+            self.last[(store.vault_id, grant_id)] = t
+            self.stores[store.vault_id] = store
+        if t - float(rec.get("last_used") or 0.0) >= PERSIST_LAST_USE_SECONDS:
+            self._persist(store, {grant_id: t})
+
+    def seen(self, vault_id: str, grant_id: str) -> float | None:
+        with self.lock:
+            return self.last.get((vault_id, grant_id))
+
+    def flush(self, vault_id: str) -> None:
+        with self.lock:
+            store = self.stores.pop(vault_id, None)
+            pending = {g: t for (v, g), t in self.last.items() if v == vault_id}
+            for g in pending:
+                self.last.pop((vault_id, g), None)
+        if store is not None and pending:
+            self._persist(store, pending)
+
+    @staticmethod
+    def _persist(store: VaultStore, times: dict[str, float]) -> None:
+        ops = []
+        with store.lock:
+            if store.closed:
+                return
+            for gid, t in times.items():
+                rec = store.settings.get(SETTING_PREFIX + gid)
+                if isinstance(rec, dict) and float(rec.get("last_used") or 0.0) < t:
+                    ops.append(Setting(SETTING_PREFIX + gid, dict(rec, last_used=t)))
+            try:
+                store.commit(ops)
+            except MemoriesError:  # a full disk must not fail the read that was served
+                log.warning("could not record the last use of a grant")
+
+
+_uses_guard = threading.Lock()
+
+
+def _uses(app: Any) -> _Uses:
+    with _uses_guard:
+        uses = getattr(app, "_grant_uses", None)
+        if uses is None:
+            uses = _Uses(app)
+            app._grant_uses = uses
+        return uses
+
+
+# ---------------------------------------------------------------------------- verification
+
+
+def verify(app: Any, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]:
+    """The unlocked store and grant record, or the error the grant's holder must see."""
+    if grant.poisoned:
+        raise _revoked()
+    store = app.vaults.unlocked_store(grant.vault_id)
+    if store is None or store.closed:
+        raise _locked(grant.vault_id)
+    rec = store.settings.get(SETTING_PREFIX + grant.grant_id)
+    ok = isinstance(rec, dict)
+    if ok:
+        assert isinstance(rec, dict)
+        ok = crypto.mac_equal(bytes.fromhex(_token_hash(store, grant.token)), bytes.fromhex(str(rec.get("hash", ""))))
+    if store.closed:  # locked while we looked: the key was wiped, so say locked, not invalid
+        raise _locked(grant.vault_id)
+    if not ok:
+        raise _revoked()
+    assert isinstance(rec, dict)
+    expires = rec.get("expires")
+    if expires is not None and time.time() >= float(expires):
+        raise MemoriesError(
+            "this grant has expired: the person can create a new one with `memories grant create VAULT_ID`",
+            code="grant_expired",
+        )
+    return store, rec
+
+
+def present_grant(app: Any, conn: Any, params: Params) -> dict[str, Any]:
+    """`session.grant {token}`: from now on this connection may do only what the grant allows."""
+    if conn.grant is not None:
+        raise UsageError("this connection has already presented a grant: open a new connection for another one")
+    # Set before anything can fail: whatever happens next, this connection is never an owner's again.
+    conn.grant = PresentedGrant("", "", "", poisoned=True)
+    token = params.text("token", allow_empty=False, max_len=400)
+    parsed = parse_token(token)
+    grant = PresentedGrant(parsed.vault_id, parsed.grant_id, token)
+    conn.grant = grant
+    if not (app.home.vaults / parsed.vault_id).is_dir():
+        grant.poisoned = True
+        raise _revoked()
+    try:
+        _store, rec = verify(app, grant)
+    except VaultLocked:
+        return {"vault_id": grant.vault_id, "grant_id": grant.grant_id, "verified": False, "locked": True}
+    except MemoriesError:
+        grant.poisoned = True
+        raise
+    return {
+        "vault_id": grant.vault_id,
+        "grant_id": grant.grant_id,
+        "verified": True,
+        "locked": False,
+        "scopes": list(rec["scopes"]),
+        "cards_only": bool(rec.get("cards_only")),
+        "expires": rec.get("expires"),
+    }
+
+
+def authorize(app: Any, ctx: Context, method_name: str) -> None:
+    """Before a handler on a grant connection: scope, vault, validity; rewrite the params."""
+    grant: PresentedGrant = ctx.grant
+    scope = SCOPE_OF_METHOD.get(method_name)
+    if scope is None:
+        raise ScopeDenied(
+            "a grant may only search, read, retrieve and ask: vault management, config and other methods "
+            "need the person's own `memories` CLI"
+        )
+    store, rec = verify(app, grant)
+    if scope not in rec.get("scopes", ()):
+        wanted = ",".join(s for s in SCOPES if s in rec.get("scopes", ()) or s == scope)
+        raise ScopeDenied(
+            f"this grant lacks the {scope} scope: the person can create a grant with it: "
+            f"`memories grant create {grant.vault_id} --scope {wanted}`"
+        )
+    raw = ctx.params.raw
+    clean = {k: raw[k] for k in ALLOWED_PARAMS[method_name] if k in raw}
+    clean["vault"] = grant.vault_id
+    if rec.get("cards_only"):
+        clean["cards_only"] = True
+    ctx.params = Params(clean)
+
+    def still_valid() -> None:
+        current, _rec = verify(app, grant)
+        if current is not store:  # locked and unlocked again meanwhile: this work belongs to the old key
+            raise _locked(grant.vault_id)
+
+    ctx.checks.append(still_valid)
+    _uses(app).touch(store, grant.grant_id, rec)
+
+
+def _hidden(rec: Record | None, cards_only: bool) -> bool:
+    if rec is None or rec.deleted or rec.private or rec.kind in UNSEARCHABLE_KINDS:
+        return True
+    return cards_only and rec.kind != "card"
+
+
+def _lookup(store: VaultStore, record_id: Any) -> Record | None:
+    try:
+        return store.get(str(record_id))
+    except NotFound:
+        return None
+
+
+def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> NotFound:
+    """Exactly the error the store gives for an id that does not exist (whatever its wording)."""
+    probe = new_record_id()
+    while probe in store.records:
+        probe = new_record_id()
+    try:
+        store.get(probe, revision)
+    except NotFound as exc:
+        return NotFound(exc.message.replace(probe, record_id))
+    return NotFound(f"no record {record_id} in this vault")  # pragma: no cover - probe cannot exist
+
+
+def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """After a handler: drop a late result, hide what a grant may never see."""
+    store, rec = verify(app, ctx.grant)  # expired, revoked or locked meanwhile: the result is dropped
+    cards_only = bool(rec.get("cards_only"))
+    if method_name == "memory.read":
+        record = _lookup(store, result.get("id"))
+        if result.get("private") or result.get("kind") in UNSEARCHABLE_KINDS or _hidden(record, cards_only):
+            raise _missing_like(store, str(ctx.params.raw.get("id", "")), ctx.params.raw.get("revision"))
+        return {k: result[k] for k in ("id", "revision", "kind", "title", "body", "tags", "created", "updated", "meta") if k in result}
+    if method_name in ("memory.search", "rag.search"):
+        key = "id" if method_name == "memory.search" else "record_id"
+        out = dict(result)
+        out["results"] = [r for r in result.get("results", []) if not _hidden(_lookup(store, r.get(key)), cards_only)]
+        out.pop("timings_ms", None)
+        return out
+    if method_name == "rag.ask":
+        citations = result.get("citations", [])
+        kept = [c for c in citations if not _hidden(_lookup(store, c.get("record_id")), cards_only)]
+        if len(kept) != len(citations):  # the answer leaned on something the grant may not see
+            log.error("an answer cited a record hidden from grants; it was withheld")
+            return {"status": "insufficient_evidence", "answer": "", "mode": result.get("mode"), "citations": [], "notices": []}
+        return result
+    return result
+
+
+# ---------------------------------------------------------------------------- owner methods
+
+
+def _grant_view(vault_id: str, rec: dict[str, Any], uses: _Uses) -> dict[str, Any]:
+    seen = uses.seen(vault_id, str(rec["id"]))
+    last = max(float(rec.get("last_used") or 0.0), seen or 0.0) or None
+    expires = rec.get("expires")
+    return {
+        "grant_id": rec["id"],
+        "vault_id": vault_id,
+        "label": rec.get("label", ""),
+        "scopes": list(rec.get("scopes", [])),
+        "cards_only": bool(rec.get("cards_only")),
+        "created": rec.get("created"),
+        "expires": expires,
+        "expired": expires is not None and time.time() >= float(expires),
+        "last_used": last,
+    }
+
+
+def _grants_of(store: VaultStore) -> list[dict[str, Any]]:
+    with store.lock:
+        return [dict(v) for k, v in store.settings.items() if k.startswith(SETTING_PREFIX) and isinstance(v, dict)]
+
+
+@method("grant.create")
+def grant_create(app: Any, ctx: Context) -> dict[str, Any]:
+    p = ctx.params
+    store = app.vaults.store(p.text("vault", allow_empty=False))
+    scopes = p.texts("scopes", list(DEFAULT_SCOPES))
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown or not scopes:
+        raise UsageError(f"scopes must be a non-empty list of {', '.join(SCOPES)}")
+    scopes = [s for s in SCOPES if s in scopes]
+    if "ttl_seconds" in p.raw and p.raw["ttl_seconds"] is None:
+        expires = None
+    else:
+        ttl = p.integer("ttl_seconds", DEFAULT_TTL_SECONDS, lo=1, hi=MAX_TTL_SECONDS)
+        expires = round(time.time() + ttl, 3)
+    grant_id = new_record_id()[:12]
+    token = f"{TOKEN_PREFIX}{store.vault_id}_{grant_id}_{secrets.token_urlsafe(32)}"
+    rec = {
+        "id": grant_id,
+        "hash": _token_hash(store, token),
+        "scopes": scopes,
+        "cards_only": p.flag("cards_only", False),
+        "expires": expires,
+        "label": p.text("label", "", max_len=MAX_LABEL),
+        "created": round(time.time(), 3),
+        "last_used": None,
+    }
+    store.commit([Setting(SETTING_PREFIX + grant_id, rec)])
+    log.info("grant %s created for vault %s", grant_id, store.vault_id)
+    return {
+        "grant_id": grant_id,
+        "token": token,
+        "vault_id": store.vault_id,
+        "scopes": scopes,
+        "cards_only": rec["cards_only"],
+        "expires": expires,
+        "label": rec["label"],
+    }
+
+
+@method("grant.list")
+def grant_list(app: Any, ctx: Context) -> dict[str, Any]:
+    ref = ctx.params.text("vault", None)
+    uses = _uses(app)
+    ids = [app.vaults.resolve(ref)] if ref else [v["vault_id"] for v in app.vaults.list_vaults()]
+    grants: list[dict[str, Any]] = []
+    locked: list[str] = []
+    for vid in ids:
+        store = app.vaults.unlocked_store(vid)
+        if store is None:
+            if ref:
+                app.vaults.store(vid)  # raises the usual "locked: run `memories vault unlock`"
+            locked.append(vid)
+            continue
+        grants.extend(_grant_view(vid, rec, uses) for rec in _grants_of(store))
+    grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
+    return {"grants": grants, "locked_vaults": locked}
+
+
+@method("grant.revoke")
+def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
+    p = ctx.params
+    if p.flag("all", False):
+        store = app.vaults.store(p.text("vault", allow_empty=False))
+        ids = sorted(str(r["id"]) for r in _grants_of(store))
+        store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
+        log.info("revoked %d grants of vault %s", len(ids), store.vault_id)
+        return {"revoked": ids, "vault_id": store.vault_id}
+    grant_id = p.text("grant_id", allow_empty=False, max_len=64)
+    locked = False
+    for v in app.vaults.list_vaults():
+        store = app.vaults.unlocked_store(v["vault_id"])
+        if store is None:
+            locked = True
+            continue
+        if SETTING_PREFIX + grant_id in store.settings:
+            store.commit([Setting(SETTING_PREFIX + grant_id, None)])
+            log.info("grant %s of vault %s revoked", grant_id, store.vault_id)
+            return {"revoked": [grant_id], "vault_id": store.vault_id}
+    hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
+    raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
+
+
+__all__ = [
+    "PresentedGrant",
+    "parse_token",
+    "verify",
+    "present_grant",
+    "authorize",
+    "filter_result",
+    "SCOPES",
+    "DEFAULT_SCOPES",
+    "TOKEN_PREFIX",
+]
