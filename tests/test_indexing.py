@@ -6,7 +6,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -18,6 +18,19 @@ EMBED = "/v1/embeddings"
 
 def _answer(n: int, delay: float) -> Scripted:
     return Scripted.json(200, {"data": [{"index": i, "embedding": [1.0, float(i % 7), 0.5]} for i in range(n)]}, delay=delay)
+
+
+def index_while(d: Daemon, server: Mirror, vid: str, action: Callable[[], object]) -> dict:
+    """Run rag.index in a thread, do ``action`` once its first embedding request is in flight."""
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(msg=d.request("rag.index", {"vault": vid})))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not server.seen(EMBED) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    action()
+    t.join(10)
+    return result["msg"]
 
 
 @pytest.fixture
@@ -54,15 +67,8 @@ def test_budget_ends_a_pass_between_batches_and_keeps_finished_ones(slow: tuple[
 def test_lock_during_indexing_cancels_and_discards_the_late_batch(slow: tuple[Daemon, Mirror, str]) -> None:
     d, server, vid = slow
     server.add(EMBED, _answer(32, 1.5))
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(msg=d.request("rag.index", {"vault": vid})))
-    t.start()
-    deadline = time.monotonic() + 5
-    while not server.seen(EMBED) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    d.call("vault.lock", {"vault": vid})
-    t.join(10)
-    assert result["msg"]["error"]["code"] == "cancelled"
+    msg = index_while(d, server, vid, lambda: d.call("vault.lock", {"vault": vid}))
+    assert msg["error"]["code"] == "cancelled"
     d.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})
     server.add(EMBED, _answer(32, 0), _answer(32, 0), _answer(6, 0))
     assert d.call("rag.index", {"vault": vid})["embedded"] == 70  # nothing of the late batch was kept
@@ -71,13 +77,6 @@ def test_lock_during_indexing_cancels_and_discards_the_late_batch(slow: tuple[Da
 def test_vault_change_during_indexing_stops_the_pass(slow: tuple[Daemon, Mirror, str]) -> None:
     d, server, vid = slow
     server.add(EMBED, _answer(32, 1.0))
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(msg=d.request("rag.index", {"vault": vid})))
-    t.start()
-    deadline = time.monotonic() + 5
-    while not server.seen(EMBED) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    d.call("memory.add", {"vault": vid, "body": "a new note"})
-    t.join(10)
-    assert result["msg"]["error"]["code"] == "cancelled"
-    assert "changed" in result["msg"]["error"]["message"]
+    msg = index_while(d, server, vid, lambda: d.call("memory.add", {"vault": vid, "body": "a new note"}))
+    assert msg["error"]["code"] == "cancelled"
+    assert "changed" in msg["error"]["message"]
