@@ -37,6 +37,12 @@ try:  # later capabilities register their own command groups
     _register_rag(app)
 except ImportError:  # pragma: no cover
     pass
+try:
+    from .grant_cmds import register as _register_grants
+
+    _register_grants(app)
+except ImportError:  # pragma: no cover
+    pass
 
 
 def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
