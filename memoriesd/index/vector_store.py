@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MemoriesError
+from ..vault.format import fsync_dir
 
 log = logging.getLogger("memoriesd.vectors")
 
@@ -84,14 +85,6 @@ class _State:
 
 def _chain(prev: bytes, blob: bytes) -> bytes:
     return hashlib.sha256(prev + hashlib.sha256(blob).digest()).digest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class VectorStore:
@@ -308,7 +301,7 @@ class VectorStore:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         except OSError as exc:
             try:
                 tmp.unlink()
@@ -321,7 +314,7 @@ class VectorStore:
         self._state = None
         try:
             self.path.unlink()
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         except FileNotFoundError:
             pass
         except OSError as exc:
