@@ -183,9 +183,13 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
     table(["", ""], rows)
 
 
+#: Passes in a row that a vault change ended before one batch was kept, before `rag index` gives up.
+MAX_IDLE_CHANGES = 20
+
+
 @rag_app.command("index")
 def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Embed every fragment that has no vector yet (repeats budgeted passes until done)."""
+    """Embed every fragment that has no vector yet (repeats budgeted passes until done, also across vault changes)."""
     embedded_total = 0
     with _progress_cm("embed") as bar:
 
@@ -193,11 +197,23 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
             if bar is not None:
                 bar.update("embed", int(p["done"]), int(p["total"]))
 
+        idle_changes = 0
         while True:
             out = call("rag.index", {"vault": vault}, progress=on_progress)
             embedded_total += out["embedded"]
             if bar is not None:
                 bar.update("embed", out["total"] - out["remaining"], out["total"])
+            if out.get("changed"):
+                # The vault changed during the pass (e.g. an ingest running beside us): go on with the new
+                # content, unless it keeps changing faster than one batch can be embedded.
+                idle_changes = 0 if out["embedded"] else idle_changes + 1
+                if idle_changes >= MAX_IDLE_CHANGES:
+                    raise MemoriesError(
+                        "the vault kept changing before any fragment could be embedded: "
+                        "run `memories rag index` again when the ingestion has finished",
+                        code="index_stalled",
+                    )
+                continue
             if out["remaining"] == 0:
                 break
             if out["embedded"] == 0:

@@ -74,9 +74,28 @@ def test_lock_during_indexing_cancels_and_discards_the_late_batch(slow: tuple[Da
     assert d.call("rag.index", {"vault": vid})["embedded"] == 70  # nothing of the late batch was kept
 
 
-def test_vault_change_during_indexing_stops_the_pass(slow: tuple[Daemon, Mirror, str]) -> None:
+def test_vault_change_during_indexing_ends_the_pass_without_keeping_the_stale_batch(slow: tuple[Daemon, Mirror, str]) -> None:
     d, server, vid = slow
     server.add(EMBED, _answer(32, 1.0))
     msg = index_while(d, server, vid, lambda: d.call("memory.add", {"vault": vid, "body": "a new note"}))
-    assert msg["error"]["code"] == "cancelled"
-    assert "changed" in msg["error"]["message"]
+    out = msg["result"]
+    assert out["changed"] is True and out["embedded"] == 0 and out["remaining"] == 70
+    assert d.call("rag.status", {"vault": vid})["embedding"]["embedded"] == 0
+
+
+def test_cli_index_goes_on_across_a_vault_change(slow: tuple[Daemon, Mirror, str]) -> None:
+    d, server, vid = slow
+    server.add(EMBED, _answer(32, 1.0), _answer(32, 0), _answer(32, 0), _answer(7, 0))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(r=run_cli(d.home, "--json", "rag", "index", vid)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not server.seen(EMBED) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    d.call("memory.add", {"vault": vid, "body": "a note written while indexing"})
+    t.join(60)
+    r = result["r"]
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["embedded"] == 71 and out["total"] == 71
+    assert d.call("rag.status", {"vault": vid})["embedding"]["embedded"] == 71

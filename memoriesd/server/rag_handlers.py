@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelUnavailable
+from ..errors import Cancelled, ModelUnavailable
 from ..rag.engine import INSTALL_HINT, RagEngine
 from ..rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ..vault.store import VaultStore
@@ -107,17 +107,31 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
     total = idx.n_fragments()
     already = total - len(missing)
     t0 = time.monotonic()
+    kept = [0]
+    generation = store.generation
 
     def progress(done: int) -> None:
+        kept[0] = done
         ctx.send_progress({"done": already + done, "total": total})
 
-    embedded = engine.embed_missing(store, idx, space, embedder, missing, ctx, deadline=t0 + budget, progress=progress)
+    changed = False
+    try:
+        embedded = engine.embed_missing(
+            store, idx, space, embedder, missing, ctx, deadline=t0 + budget, progress=progress
+        )
+    except Cancelled:
+        if store.closed or store.generation == generation:
+            raise  # locked or the client went away: the pass is over
+        # The vault changed under the pass: finished batches are kept, the in-flight one was dropped,
+        # and the caller starts the next pass on the new content (the CLI does so by itself).
+        embedded, changed = kept[0], True
     return {
         "embedded": embedded,
         "remaining": len(missing) - embedded,
         "total": total,
         "model": space.identity,
         "seconds": round(time.monotonic() - t0, 3),
+        "changed": changed,
     }
 
 
