@@ -10,7 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from .conftest import Daemon, DaemonError, all_file_bytes, cli_json, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import (
+    Daemon,
+    DaemonError,
+    all_file_bytes,
+    cli_json,
+    create_vault,
+    run_cli,
+    short_tmpdir,
+    write_config,
+)
 from .servers import Mirror, Scripted
 
 KEY = "sk-live-7c1f0a9e2b3d4c5e6f708192-TOPSECRET"

@@ -10,7 +10,16 @@ import pytest
 
 from memoriesd.server import protocol
 
-from .conftest import Daemon, DaemonError, all_file_bytes, cli_json, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import (
+    Daemon,
+    DaemonError,
+    all_file_bytes,
+    cli_json,
+    create_vault,
+    run_cli,
+    short_tmpdir,
+    write_config,
+)
 
 EN = "# Garden notes\n\nTomatoes need full sun and regular watering. Basil grows well beside them.\n"
 ZH = "---\ntags: [旅行, travel]\nauthor: 王小明\n---\n# 旅行计划\n\n我们下个月去北京看长城，然后坐高铁去上海。中华人民共和国的首都是北京。\n"

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, DaemonError, all_file_bytes, cli_json, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import (
+    Daemon,
+    DaemonError,
+    all_file_bytes,
+    cli_json,
+    create_vault,
+    run_cli,
+    short_tmpdir,
+    write_config,
+)
 from .servers import Mirror
 from .tinymodel import make_tiny_model
 
