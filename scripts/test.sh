@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-echo "== ruff"; .venv/bin/ruff check memoriesd memories_cli
+echo "== ruff"; .venv/bin/ruff check memoriesd memories_cli tests scripts
 echo "== mypy"; .venv/bin/mypy memoriesd
 echo "== pytest"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
