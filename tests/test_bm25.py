@@ -229,6 +229,22 @@ def test_records_can_be_replaced_and_removed() -> None:
     ix.close()
 
 
+def test_changes_before_and_after_the_first_query_leave_no_stale_rows() -> None:
+    # Rows are written on the first query: replace and remove records on both sides of it.
+    ix = BM25Index([doc("a", "apple pie"), doc("b", "banana bread"), doc("c", "中华人民共和国")])
+    ix.add([doc("a", "apple crumble")])  # replaced before any row was written
+    ix.remove(["c"])
+    assert rids(ix, "apple") == ["a"] and rids(ix, "pie") == [] and rids(ix, "共和国", "phrase") == []
+    ix.add([doc("a", "cherry tart"), doc("d", "apple strudel 共和国")])  # after rows exist
+    ix.remove(["b"])
+    assert rids(ix, "apple") == ["d"] and rids(ix, "banana") == [] and rids(ix, "共和国", "phrase") == ["d"]
+    assert rids(ix, "cherry", "all") == ["a"]
+    live = {fid for rid in ("a", "d") for fid in ix.frag_ids(rid)}
+    assert ix.filter("apple cherry", "any", range(len(ix.fragments))) == live
+    assert ix.stats == index_stats([doc("a", "cherry tart"), doc("d", "apple strudel 共和国")])
+    ix.close()
+
+
 def test_stats_count_body_bytes_once_despite_overlap() -> None:
     body = "word " * 400
     d = doc("r", body, title="标题", meta="tags: x", max_chars=100)
