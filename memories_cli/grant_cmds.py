@@ -16,7 +16,7 @@ from memoriesd.errors import UsageError
 
 from .state import STATE, call, emit_json, fmt_time, notice, table
 
-grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True)
+grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True, rich_markup_mode=None)
 
 SCOPES = ("search", "read", "retrieve", "ask")
 DEFAULT_SCOPE = "search,read,retrieve"

@@ -25,6 +25,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
     add_completion=False,
+    # Plain help: typer's rich help imports rich.markdown and markdown_it, ~180 ms of every --help.
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(vault_app, name="vault")

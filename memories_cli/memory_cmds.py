@@ -13,7 +13,7 @@ from memoriesd.errors import UsageError
 
 from .state import STATE, call, emit_json, fmt_time, notice, report, table
 
-memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True)
+memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True, rich_markup_mode=None)
 
 MAX_FILE = 6 * 1024 * 1024
 

@@ -15,7 +15,7 @@ from memoriesd.errors import MemoriesError, UsageError
 
 from .state import STATE, call, emit_json, notice, report, table
 
-rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True)
+rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
 
 Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is available, else bm25).")]
 MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all (every term), or phrase.")]

@@ -14,8 +14,8 @@ from memoriesd.errors import DaemonUnreachable, UsageError
 
 from .state import STATE, call, emit_json, fmt_time, notice, prompt_secret, read_secret_lines, report, table
 
-vault_app = typer.Typer(help="Create, unlock, lock and manage encrypted vaults.", no_args_is_help=True)
-daemon_app = typer.Typer(help="Start, stop and inspect the memoriesd daemon.", no_args_is_help=True)
+vault_app = typer.Typer(help="Create, unlock, lock and manage encrypted vaults.", no_args_is_help=True, rich_markup_mode=None)
+daemon_app = typer.Typer(help="Start, stop and inspect the memoriesd daemon.", no_args_is_help=True, rich_markup_mode=None)
 
 PassStdin = Annotated[bool, typer.Option("--passphrase-stdin", help="Read the passphrase from the first line of stdin.")]
 PassFile = Annotated[Path | None, typer.Option("--passphrase-file", help="Read the passphrase from the first line of this file.")]
