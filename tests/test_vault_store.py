@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,62 @@ def test_revisions_history_and_compaction(tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         s.get(gone.id)
     assert sorted(p.name for p in d.iterdir()) == ["head.bin", "header.json", log_name(1)]
+    s.close()
+
+
+def _queued_while_locked(s: VaultStore, batches: list[list[Record]]) -> dict[int, BaseException | None]:
+    """Commit each batch from its own thread while the store lock is held, then release it."""
+    results: dict[int, BaseException | None] = {}
+
+    def run(i: int, ops: list[Record]) -> None:
+        try:
+            s.commit(ops)
+            results[i] = None
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, b)) for i, b in enumerate(batches)]
+    with s.lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(s._queue) < len(batches) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(s._queue) == len(batches)
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def test_concurrent_commits_are_written_together_and_all_survive_reopen(tmp_path: Path) -> None:
+    d = tmp_path / "v1"
+    s = VaultStore.create(d, "v1", "t", PW, CHEAP)
+    batches = [[rec(f"thread {i} note {j} CANARY") for j in range(3)] for i in range(16)]
+    gen = s.generation
+    results = _queued_while_locked(s, batches)
+    assert results == {i: None for i in range(16)}
+    assert s.generation == gen + 1  # one durable append and one head for all 16 callers
+    s.close()
+    s = VaultStore.open(d, passphrase=PW)
+    assert sorted(r.body for r in s.latest()) == sorted(r.body for b in batches for r in b)
+    s.close()
+
+
+def test_a_bad_batch_in_a_group_fails_only_its_caller(tmp_path: Path) -> None:
+    d = tmp_path / "v1"
+    s = VaultStore.create(d, "v1", "t", PW, CHEAP)
+    old = rec("first revision")
+    s.commit([old])
+    stale = Record(old.id, 1, "memory", "t", "a stale rewrite", False, (), created=now(), updated=now())
+    unknown = Record(new_record_id(), 2, "memory", "", "", False, (), created=now(), updated=now(), deleted=True)
+    good = [[rec("good one")], [rec("good two")]]
+    results = _queued_while_locked(s, [good[0], [stale], [unknown], good[1]])
+    assert results[0] is None and results[3] is None
+    assert isinstance(results[1], ValueError) and "revision order" in str(results[1])
+    assert isinstance(results[2], ValueError) and "unknown record" in str(results[2])
+    s.close()
+    s = VaultStore.open(d, passphrase=PW)
+    assert sorted(r.body for r in s.latest()) == ["first revision", "good one", "good two"]
     s.close()
 
 

@@ -88,6 +88,19 @@ def unwrap_key(header: Header, passphrase: bytes | bytearray) -> bytearray:
     return key
 
 
+@dataclass
+class _Batch:
+    """One caller's entries, waiting in the group-commit queue until a writer finishes them."""
+
+    entries: list[dict[str, Any]]
+    done: bool = False
+    error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.error = error
+        self.done = True
+
+
 class VaultStore:
     """The records of one unlocked vault. Thread-safe: every public method takes ``self.lock``."""
 
@@ -97,6 +110,8 @@ class VaultStore:
         self.vault_id = header.vault_id
         self.key = key
         self.lock = threading.RLock()
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Batch] = []  # batches waiting for the next group write
         self._records = crypto.Sealer(key, crypto.LABEL_RECORDS)
         self._head_sealer = crypto.Sealer(key, crypto.LABEL_HEAD)
         self.records: dict[str, list[Record]] = {}
@@ -226,25 +241,61 @@ class VaultStore:
         atomic_write(self.dir / HEAD_NAME, seal_head(self._head_sealer, self.vault_id, head))
 
     def commit(self, ops: Iterable[Record | Setting]) -> None:
-        """Append a batch durably, then apply it. All or nothing."""
+        """Append a batch durably, then apply it. All or nothing for this batch.
+
+        Group commit: batches that arrive while another thread is writing wait in a queue, and
+        the next thread to take the lock writes all of them with one fsync and one head
+        replacement. Each caller returns only once its own batch is durable and applied (or
+        raises what failed it). A caller that holds ``self.lock`` while it reads and then
+        commits (updates, deletes) keeps that read-then-write atomic: queued batches are
+        independent additions.
+        """
         ops = list(ops)
         if not ops:
             return
+        mine = _Batch([({"t": "set", "key": op.key, "value": op.value} if isinstance(op, Setting) else op.to_entry()) for op in ops])
+        with self._queue_lock:
+            self._queue.append(mine)
         with self.lock:
+            if not mine.done:
+                with self._queue_lock:
+                    group, self._queue = self._queue, []
+                self._write_group(group)
+        if mine.error is not None:
+            raise mine.error
+
+    def _write_group(self, group: list[_Batch]) -> None:
+        """Write queued batches as one durable append. Caller holds ``self.lock``."""
+        try:
             self._check_open()
-            entries = [({"t": "set", "key": op.key, "value": op.value} if isinstance(op, Setting) else op.to_entry()) for op in ops]
-            head = self.head
-            prev = head.last_hash
-            chunks = []
-            seq = head.count
-            for entry in entries:
+        except BaseException as exc:
+            for b in group:
+                b.finish(exc)
+            return
+        revs: dict[str, int] = {}
+        ok: list[_Batch] = []
+        for b in group:
+            problem = self._invalid(b.entries, revs)
+            if problem is not None:
+                b.finish(ValueError(problem))
+            else:
+                ok.append(b)
+        if not ok:
+            return
+        head = self.head
+        prev = head.last_hash
+        chunks = []
+        seq = head.count
+        for b in ok:
+            for entry in b.entries:
                 framed = encode_entry(self._records, self.vault_id, head.epoch, seq, prev, entry)
                 prev = next_hash(prev, framed[4:])
                 chunks.append(framed)
                 seq += 1
-            data = b"".join(chunks)
-            path = self.dir / log_name(head.epoch)
-            new_head = Head(head.epoch, seq, head.log_bytes + len(data), prev)
+        data = b"".join(chunks)
+        path = self.dir / log_name(head.epoch)
+        new_head = Head(head.epoch, seq, head.log_bytes + len(data), prev)
+        try:
             with open(path, "r+b") as f:
                 try:
                     f.seek(head.log_bytes)
@@ -258,10 +309,35 @@ class VaultStore:
                     except OSError:
                         pass
                     raise
-            self.head = new_head
-            for entry in entries:
+        except BaseException as exc:
+            for b in ok:
+                b.finish(exc)
+            return
+        self.head = new_head
+        for b in ok:
+            for entry in b.entries:
                 self._apply(entry)
-            self.generation += 1
+            b.finish(None)
+        self.generation += 1
+
+    def _invalid(self, entries: list[dict[str, Any]], revs: dict[str, int]) -> str | None:
+        """Why a batch could not be applied after the ones before it in ``revs`` (None: it can)."""
+        seen: dict[str, int] = {}
+        for entry in entries:
+            if entry["t"] == "set":
+                continue
+            rid = str(entry["id"])
+            last = seen.get(rid, revs.get(rid))
+            if last is None:
+                known = self.records.get(rid)
+                last = known[-1].revision if known else None
+            if entry["t"] == "del" and last is None:
+                return "delete of unknown record"
+            if last is not None and int(entry["rev"]) <= last:
+                return "revision order"
+            seen[rid] = int(entry["rev"])
+        revs.update(seen)
+        return None
 
     def _check_open(self) -> None:
         if self.closed:
