@@ -235,10 +235,13 @@ def _check_services(cfg: Config) -> None:
         if not svc.model and svc.protocol != "gemini":
             raise ConfigError(f"config table [{prefix}] needs model: the model name the service expects")
         if svc.api_key_env and not svc.api_key_env.replace("_", "").isalnum():
+            # The value is not repeated: what is written here is often the key itself.
             raise ConfigError(
-                f"config key {prefix}.api_key_env = {svc.api_key_env!r} is invalid: it names an environment "
-                f"variable (letters, digits, _), it never holds the key itself"
+                f"config key {prefix}.api_key_env is invalid: it names an environment variable "
+                f"(letters, digits, _), it never holds the key itself: {_SECRET_HINT}"
             )
+        if svc.dimensions and name != "embedding":
+            raise ConfigError(f"config key {prefix}.dimensions is for [rag.embedding] only: remove it")
         if svc.api_key_env and len(svc.api_key_env) > 20 and any(c.islower() for c in svc.api_key_env) and any(
             c.isdigit() for c in svc.api_key_env
         ):

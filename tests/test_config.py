@@ -51,6 +51,10 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         ("[rag.http]\nproxy_url = \"ftp://proxy.example\"\n", "schemes"),
         ("[rag.generation]\nmodel = \"m\"\n", "needs url"),
         ("rag = 5\n", "must be a table"),
+        ("[rag.generation]\nprotocol = \"compatible\"\nurl = \"https://x.example/v1\"\nmodel = \"m\"\n"
+         "api_key_env = \"sk-1-proj-abc\"\n", "names an environment variable"),
+        ("[rag.generation]\nprotocol = \"compatible\"\nurl = \"https://x.example/v1\"\nmodel = \"m\"\n"
+         "dimensions = 8\n", "for [rag.embedding] only"),
     ],
 )
 def test_bad_values_are_one_line_naming_key_value_and_allowed(toml: str, needle: str) -> None:

@@ -152,9 +152,14 @@ def test_private_credential_and_file_reads_answer_exactly_like_a_missing_id(worl
         absent = error(gcall(world, s, "memory.read", {"id": missing}))
         assert hidden == (absent[0], absent[1].replace(missing, rid))
         assert hidden[0] == "not_found"
-        hidden_rev = error(gcall(world, s, "memory.read", {"id": rid, "revision": 1}))
-        absent_rev = error(gcall(world, s, "memory.read", {"id": missing, "revision": 1}))
-        assert hidden_rev == (absent_rev[0], absent_rev[1].replace(missing, rid))
+        for rev in (1, 999):  # one the hidden record has, one it lacks
+            hidden_rev = error(gcall(world, s, "memory.read", {"id": rid, "revision": rev}))
+            absent_rev = error(gcall(world, s, "memory.read", {"id": missing, "revision": rev}))
+            assert hidden_rev == (absent_rev[0], absent_rev[1].replace(missing, rid))
+    # A visible record's missing revision says the same as well: nothing tells the cases apart.
+    public_rev = error(gcall(world, s, "memory.read", {"id": world.public, "revision": 999}))
+    absent_rev = error(gcall(world, s, "memory.read", {"id": new_record_id(), "revision": 999}))
+    assert public_rev[0] == absent_rev[0] == "not_found"
     ok = gcall(world, s, "memory.read", {"id": world.public, "with_data": True})["result"]
     assert ok["body"].startswith("The lighthouse keeper") and ok["revision"] == 1 and "private" not in ok
     s.close()

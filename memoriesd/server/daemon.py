@@ -114,10 +114,9 @@ class App:
             raise UnknownMethod(f"unknown method {method!r}: the CLI and daemon versions may differ")
         if ctx.grant is None:
             return handler(self, ctx)
-        from .grants import authorize, filter_result  # noqa: PLC0415
+        from .grants import run_granted  # noqa: PLC0415
 
-        authorize(self, ctx, method)
-        return filter_result(self, ctx, method, handler(self, ctx))
+        return run_granted(self, ctx, method, handler)
 
 
 class Connection:

@@ -283,6 +283,23 @@ def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> No
     return NotFound(f"no record {record_id} in this vault")  # pragma: no cover - probe cannot exist
 
 
+def run_granted(app: Any, ctx: Context, method_name: str, handler: Any) -> dict[str, Any]:
+    """A grant connection's call: authorize, run, and filter what comes back.
+
+    ``memory.read`` failures are re-worded as for an id that does not exist, so that a hidden
+    record cannot be told apart by asking for a revision it lacks.
+    """
+    authorize(app, ctx, method_name)
+    try:
+        result = handler(app, ctx)
+    except NotFound:
+        if method_name != "memory.read":
+            raise
+        store, _ = verify(app, ctx.grant)
+        raise _missing_like(store, str(ctx.params.raw.get("id", "")), ctx.params.raw.get("revision")) from None
+    return filter_result(app, ctx, method_name, result)
+
+
 def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
     """After a handler: drop a late result, hide what a grant may never see."""
     store, rec = verify(app, ctx.grant)  # expired, revoked or locked meanwhile: the result is dropped
