@@ -58,7 +58,13 @@ def list_() -> None:
     if STATE.json:
         emit_json({"vaults": out["vaults"]})
         return
-    table(["VAULT_ID", "NAME", "STATE"], [[v["vault_id"], v["name"], "locked" if v["locked"] else "unlocked"] for v in out["vaults"]])
+    table(["VAULT_ID", "NAME", "STATE"], [[v["vault_id"], v["name"], _state(v)] for v in out["vaults"]])
+
+
+def _state(v: dict[str, Any]) -> str:
+    if v.get("corrupt"):
+        return "corrupt (header unreadable)"
+    return "locked" if v["locked"] else "unlocked"
 
 
 @vault_app.command("status")
@@ -75,7 +81,7 @@ def status(vault: Annotated[str | None, typer.Argument(help="Vault id or name (d
             [
                 v["vault_id"],
                 v["name"],
-                "locked" if v["locked"] else "unlocked",
+                _state(v),
                 v.get("records", ""),
                 "" if v["locked"] else ("on" if v.get("device_only") else "off"),
             ]

@@ -74,8 +74,9 @@ step "lock the vault: the daemon forgets the key"
 memories vault lock demo
 memories memory list demo || echo "(locked, as expected)"
 
-step "nothing readable on disk: search every file under the home for the note text"
-if grep -rIl -e "CANARY-7f3a" -e "staging database" -e "Ops notes" -e "长城" "$MEMORIES_HOME"; then
+step "nothing readable on disk: search every byte of every file under the home for the note text"
+# -a: read binary files (the sealed log, head and vectors) as text too; LC_ALL=C: match raw bytes.
+if LC_ALL=C grep -rlaF -e "CANARY-7f3a" -e "staging database" -e "Ops notes" -e "长城" "$MEMORIES_HOME"; then
   echo "FAIL: plaintext found on disk" >&2; exit 1
 fi
 echo "no plaintext found in $(find "$MEMORIES_HOME" -type f | wc -l) files"

@@ -18,7 +18,16 @@ import pytest
 
 from memoriesd.server import protocol
 
-from .conftest import Daemon, DaemonError, all_file_bytes, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import (
+    Daemon,
+    DaemonError,
+    all_file_bytes,
+    cli_json,
+    create_vault,
+    run_cli,
+    short_tmpdir,
+    write_config,
+)
 
 
 def test_create_unlock_lock_and_restart_is_locked(home: Path) -> None:
@@ -355,6 +364,25 @@ def test_tampered_vault_is_corrupt_end_to_end_and_daemon_keeps_serving(daemon: D
     daemon.call("vault.unlock", {"vault": bad, "passphrase": "pw"})
     assert len(daemon.call("memory.list", {"vault": bad})["records"]) == 3
     assert daemon.proc is not None and daemon.proc.poll() is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "renamed_field", "not_json"])
+def test_unreadable_header_is_listed_and_unlock_says_vault_corrupt(daemon: Daemon, damage: str) -> None:
+    vid = create_vault(daemon, "notes", "pw")
+    daemon.call("vault.lock", {"vault": vid})
+    header = daemon.home / "vaults" / vid / "header.json"
+    raw = header.read_text()
+    header.write_text({"truncated": raw[: len(raw) // 2], "renamed_field": raw.replace('"name"', '"nome"'),
+                       "not_json": "\x00\x01garbage"}[damage])
+    listed = cli_json(daemon.home, "vault", "list")["vaults"]
+    assert [(v["vault_id"], v.get("corrupt")) for v in listed] == [(vid, True)]
+    r = run_cli(daemon.home, "vault", "list")
+    assert r.returncode == 0 and "corrupt" in r.stdout
+    r = run_cli(daemon.home, "vault", "unlock", vid, "--passphrase-stdin", input="pw\n")
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.startswith("error[vault_corrupt]") and vid in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    header.write_text(raw)  # restored from a backup: the vault is whole again
+    daemon.call("vault.unlock", {"vault": vid, "passphrase": "pw"})
 
 
 def test_sigterm_exits_zero_and_removes_socket(home: Path) -> None:

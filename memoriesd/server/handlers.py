@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..errors import KeyringUnavailable, NotFound, UsageError
 from ..vault.records import KINDS, Record, new_record_id, now
-from ..vault.store import Setting, VaultStore
+from ..vault.store import Setting, VaultStore, public_header
 from .context import Context
 
 Handler = Callable[[Any, Context], dict[str, Any]]
@@ -65,6 +65,8 @@ def _remember(app: Any, store: VaultStore, out: dict[str, Any]) -> None:
 def vault_info(app: Any, vault_id: str) -> dict[str, Any]:
     store = app.vaults.unlocked_store(vault_id)
     info: dict[str, Any] = {"vault_id": vault_id, "name": app.vaults.name_of(vault_id), "locked": store is None}
+    if store is None and public_header(app.home.vaults / vault_id) is None:
+        info["corrupt"] = True
     if store is not None:
         latest = store.latest()
         info["records"] = len(latest)

@@ -31,6 +31,7 @@ from ..errors import (
 from ..home import Home
 from . import crypto
 from .records import new_record_id
+from .format import HEADER_NAME
 from .store import KdfParams, VaultStore, public_header
 
 log = logging.getLogger("memoriesd.vault")
@@ -69,9 +70,14 @@ class VaultManager:
         out = []
         if self.home.vaults.exists():
             for d in sorted(self.home.vaults.iterdir()):
-                info = public_header(d) if d.is_dir() else None
-                if info is None:
+                if not d.is_dir():
                     continue
+                info = public_header(d)
+                if info is None:
+                    if not (d / HEADER_NAME).exists():
+                        continue  # not a vault (or a creation that never wrote its header)
+                    # A damaged header: still listed, so that unlock says vault_corrupt, not "no vault".
+                    info = {"vault_id": d.name, "name": d.name, "corrupt": True}
                 info["locked"] = self.unlocked_store(info["vault_id"]) is None
                 out.append(info)
         return sorted(out, key=lambda v: (v["name"].casefold(), v["vault_id"]))
