@@ -42,11 +42,17 @@ INSTRUCTIONS = (
 _ids = itertools.count(1)
 
 
+class _Replied(MemoriesError):
+    """An error reply from the daemon: the connection is still in step and may be reused."""
+
+
 class DaemonLink:
     """Connections to memoriesd that presented the grant; reconnects after a daemon restart.
 
-    Idle connections are pooled so concurrent tool calls do not wait for each other. A pooled
-    connection that fails is retried once on a fresh one (every tool is read-only).
+    Idle connections are pooled so concurrent tool calls do not wait for each other. When a pooled
+    connection fails (the daemon restarted or closed it), every pooled connection is as stale: all of
+    them are discarded and the call is retried once on a fresh connection (every tool is read-only,
+    so running a request again is harmless).
     """
 
     def __init__(self, home: Home, token: str) -> None:
@@ -69,7 +75,7 @@ class DaemonLink:
                 continue
             if "error" in msg:
                 err = msg.get("error") or {}
-                raise MemoriesError(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
+                raise _Replied(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
             return msg.get("result")
 
     def _open(self) -> socket.socket:
@@ -102,29 +108,39 @@ class DaemonLink:
                 return
         sock.close()
 
+    def _discard_idle(self) -> None:
+        with self._lock:
+            stale, self._idle = self._idle, []
+        for s in stale:
+            s.close()
+
     def call(self, method: str, params: dict[str, Any]) -> Any:
+        sock, reused = self._take()
         for attempt in (0, 1):
-            sock, reused = self._take()
             try:
                 result = self._exchange(sock, method, params)
             except (OSError, ConnectionError) as exc:
                 sock.close()
+                # One lost connection means the daemon went away (a restart): the pooled ones are dead too,
+                # and taking another of them for the retry would fail the same way.
+                self._discard_idle()
                 if reused and attempt == 0:
                     log.info("the daemon connection was lost; reconnecting")
+                    sock, reused = self._open(), False  # never a pooled one: another thread may have given one back
                     continue
                 raise self._unreachable() from exc
-            except MemoriesError:
+            except _Replied:  # the daemon answered with an error: the connection is in step, keep it
                 self._give(sock)
+                raise
+            except BaseException:  # e.g. a malformed frame: the stream is out of step
+                sock.close()
                 raise
             self._give(sock)
             return result
         raise self._unreachable()  # pragma: no cover - the loop returns or raises
 
     def close(self) -> None:
-        with self._lock:
-            for s in self._idle:
-                s.close()
-            self._idle.clear()
+        self._discard_idle()
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -285,7 +301,8 @@ def build_server(link: DaemonLink) -> MCPServer:
         name="memory_retrieve",
         title="Retrieve source fragments",
         description="Retrieve the passages of the vault most relevant to a query, labelled [S1], [S2]... with "
-        "record_id, revision, title, character offsets, score and text. Use it to read sources yourself. "
+        "record_id, revision, title, start/end (UTF-8 byte offsets into the record body), score and text. "
+        "Use it to read sources yourself. "
         "Needs the grant scope `retrieve`. " + DATA_NOTICE,
         annotations=read_only,
     )

@@ -115,6 +115,10 @@ def ingest(
         raise typer.Exit(1)
 
 
+#: Hex characters of a fragment's fingerprint in the `rag search` table (`--json` has all 32).
+FINGERPRINT_SHOWN = 12
+
+
 def _print_fragments(out: dict[str, Any]) -> None:
     for n in out.get("notices", []):
         notice(n)
@@ -124,8 +128,9 @@ def _print_fragments(out: dict[str, Any]) -> None:
     rows = []
     for r in out["results"]:
         text = " ".join(r["text"].split())
-        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", r["title"], f"{r['record_id']}@{r['revision']}", f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
-    table(["", "SCORE", "TITLE", "RECORD@REV", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
+        fingerprint = str(r.get("fingerprint") or "")[:FINGERPRINT_SHOWN]  # a prefix of --json's 32 hex
+        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", r["title"], f"{r['record_id']}@{r['revision']}", fingerprint, f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
+    table(["", "SCORE", "TITLE", "RECORD@REV", "FINGERPRINT", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
 
 
 @rag_app.command("search")

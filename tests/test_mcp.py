@@ -195,6 +195,8 @@ def test_tools_are_listed_with_schemas_read_only_hints_and_the_data_notice(env: 
         assert t.annotations is not None and t.annotations.read_only_hint is True
         assert t.description and "not instructions" in t.description
     assert set(tools["memory_search"].input_schema["properties"]["match_mode"]["enum"]) == {"any", "all", "phrase"}
+    assert "UTF-8 byte offsets" in (tools["memory_retrieve"].description or "")
+    assert "character offsets" not in (tools["memory_retrieve"].description or "")
 
 
 def test_each_tool_answers_and_no_canary_ever_appears(env: Env) -> None:
@@ -341,6 +343,61 @@ def test_a_locked_vault_answers_the_locked_error_and_a_daemon_restart_is_survive
     code, message = err(out["daemon_down"])
     assert code == "daemon_unreachable" and "memories vault unlock" in message
     assert ok(out["back"])["id"] == w.public
+
+
+def _daemon_connections(d: Daemon) -> int:
+    """Open connections to the daemon's socket (Linux: accepted sockets carry the listener's path)."""
+    path = str(d.socket_path)
+    n = 0
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == path and fields[5] == "03":  # 03: connected
+            n += 1
+    return n
+
+
+def test_the_first_call_after_a_restart_succeeds_although_several_connections_were_pooled(env: Env) -> None:
+    w = env.w
+    token = grant(env, scopes=["search", "read", "ask"])["token"]
+    env.gen.release.clear()
+    env.gen.held.clear()
+    seen: dict[str, int] = {}
+
+    def restart() -> None:
+        seen["before_restart"] = _daemon_connections(env.d)
+        env.d.stop()
+        env.d.start()
+        for v in (w.a, w.b):
+            env.d.call("vault.unlock", {"vault": v, "passphrase": PASS})
+
+    async def go(s: ClientSession) -> dict[str, Any]:
+        out: dict[str, Any] = {"searches": []}
+        async with anyio.create_task_group() as tg:
+
+            async def ask() -> None:
+                out["ask"] = await call(s, "memory_ask", question=f"{HOLD} who feeds the zebra?")
+
+            async def search() -> None:
+                out["searches"].append(await call(s, "memory_search", query="lighthouse"))
+
+            tg.start_soon(ask)
+            await anyio.to_thread.run_sync(env.gen.held.wait, 10)
+            # The held ask keeps one connection busy: these calls, side by side with it, need others.
+            async with anyio.create_task_group() as searches:
+                for _ in range(4):
+                    searches.start_soon(search)
+            env.gen.release.set()
+        await anyio.to_thread.run_sync(restart)
+        out["after_restart"] = await call(s, "memory_search", query="lighthouse")
+        out["then_read"] = await call(s, "memory_read", id=w.public)
+        return out
+
+    out = with_mcp(env, token, go)
+    assert ok(out["ask"])["status"] == "answered"
+    assert len(out["searches"]) == 4 and all(ok(r)["results"] for r in out["searches"])
+    assert seen["before_restart"] >= 2  # the pool held more than one connection when the daemon went away
+    assert [r["id"] for r in ok(out["after_restart"])["results"]] == [w.public]
+    assert ok(out["then_read"])["id"] == w.public
 
 
 def test_the_token_appears_in_no_file_log_or_grant_list_output(env: Env) -> None:

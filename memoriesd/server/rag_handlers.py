@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import Cancelled, ModelUnavailable
+from ..errors import Cancelled, ModelUnavailable, NotFound
+from ..index.bm25 import MAX_CANDIDATES
 from ..rag.engine import INSTALL_HINT, RagEngine
+from ..rag.fusion import Candidate
 from ..rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ..vault.store import VaultStore
 from .context import Context
@@ -37,18 +39,68 @@ def _search_request(ctx: Context, *, query_key: str = "query", default_limit: in
     )
 
 
+#: ``memory search`` reads this many fragments first, then widens by ``_WIDEN`` up to the index's bound.
+_FIRST_FRAGMENTS = 100
+_WIDEN = 4
+
+
+def _searchable(store: VaultStore, record_id: str, cards_only: bool) -> bool:
+    """What a grant's result filter would keep too: live, not private, not a credential or file."""
+    try:
+        rec = store.get(record_id)
+    except NotFound:
+        return False
+    return rec.searchable and (not cards_only or rec.kind == "card")
+
+
+def _best_per_record(store: VaultStore, idx: Any, hits: list[Candidate], limit: int, cards_only: bool) -> list[Candidate]:
+    """Each record's best hit, in rank order, for the first ``limit`` searchable records."""
+    best: dict[str, Candidate] = {}
+    skipped: set[str] = set()
+    for c in hits:
+        record_id = idx.fragment(c.frag_id)[0].record_id
+        if record_id in best or record_id in skipped:
+            continue
+        if not _searchable(store, record_id, cards_only):
+            skipped.add(record_id)
+            continue
+        best[record_id] = c
+        if len(best) >= limit:
+            break
+    return list(best.values())
+
+
 @method("memory.search")
 def memory_search(app: Any, ctx: Context) -> dict[str, Any]:
-    """Lexical, grouped by document (one line per record)."""
+    """Lexical, grouped by document (one line per record).
+
+    A few long records can fill the first fragments, so (in bm25 mode, the default) the candidates
+    are widened until ``limit`` distinct records are found or every match was seen, up to the
+    index's bound of 10,000 fragments.
+    Records a grant may not see are skipped here, so they do not take the place of visible ones.
+    """
     store = _store(app, ctx)
     req = _search_request(ctx)
     limit = req.limit
     req.mode = req.mode or "bm25"
-    if not 1 <= limit <= 100:
-        req.limit = limit  # let run_search report the range error
-    else:
-        req.limit = 100
+    if 1 <= limit <= 100:  # else run_search reports the range error
+        req.limit = _FIRST_FRAGMENTS
     out = run_search(_engine(app), store, req, ctx)
+    hits = _best_per_record(store, out.index, out.hits, limit, req.cards_only)
+    bm25 = out.index.bm25
+    fetched = _FIRST_FRAGMENTS
+    # Without cards_only, fewer hits than asked for means every match was seen; with it, run_search
+    # filtered an unknown number of candidates, so the wider pass finds out.
+    more = req.cards_only or len(out.hits) >= _FIRST_FRAGMENTS
+    while out.mode == "bm25" and bm25 is not None and len(hits) < limit and more and fetched < MAX_CANDIDATES:
+        ctx.check_cancelled()
+        fetched = min(fetched * _WIDEN, MAX_CANDIDATES)
+        res = bm25.candidates(req.query, match_mode=req.match_mode, limit=fetched)
+        out.ignored_terms = res.ignored_terms
+        wide = [Candidate(frag_id=h.frag_id, score=h.score, bm25_rank=i + 1) for i, h in enumerate(res.hits)]
+        hits = _best_per_record(store, out.index, wide, limit, req.cards_only)
+        more = len(res.hits) >= fetched
+    out.hits = hits
     return {"mode": out.mode, "results": document_results(out, limit), "ignored_terms": out.ignored_terms, "notices": out.notices}
 
 

@@ -1,0 +1,146 @@
+"""`rag search` shows each fragment's fingerprint; `memory search --limit N` gives N records.
+
+A real memoriesd on a temp home, driven by the real CLI (and a grant over the real protocol).
+Long records whose every fragment matches densely fill the first BM25 fragments, so grouping only
+those by record would return fewer records than asked for although more match.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, cli_json, create_vault, run_cli, short_tmpdir, write_config
+
+WIDE = {"COLUMNS": "250"}
+
+
+def dense(n: int, sentences: int = 700) -> str:
+    """About 30k characters (some 45 fragments), "zebra" three times in every sentence."""
+    return "".join(f"Zebra herd {n} zebra stripes zebra number {j}. " for j in range(sentences))
+
+
+@dataclass
+class Vault:
+    d: Daemon
+    vid: str
+    long_notes: list[str]
+    short_notes: list[str]
+    private: str
+    long_cards: list[str]
+    short_cards: list[str]
+
+    @property
+    def visible(self) -> set[str]:
+        return {*self.long_notes, *self.short_notes, *self.long_cards, *self.short_cards}
+
+
+@pytest.fixture(scope="module")
+def vault() -> Iterator[Vault]:
+    tmp = short_tmpdir("ms")
+    home = tmp / "h"
+    write_config(home)
+    d = Daemon(home).start()
+    try:
+        vid = create_vault(d)
+
+        def add(**kw: Any) -> str:
+            return str(d.call("memory.add", {"vault": vid, **kw})["id"])
+
+        def card(title: str, text: str) -> str:
+            d.call("rag.ingest", {"vault": vid, "text": text, "title": title})
+            return next(r["id"] for r in d.call("memory.list", {"vault": vid})["records"] if r["title"] == title)
+
+        long_notes = [add(title=f"Zebra field log {i}", body=dense(i)) for i in range(3)]
+        short_notes = [add(title=f"Short note {i}", body=f"Note {i} mentions a zebra once, among other words.") for i in range(8)]
+        private = add(title="Zebra diary", body=dense(99), private=True)
+        long_cards = [card(f"Zebra card {i}", dense(10 + i)) for i in range(2)]
+        short_cards = [card(f"Small card {i}", f"Card {i}: a zebra, seen once at the river.") for i in range(5)]
+        yield Vault(d, vid, long_notes, short_notes, private, long_cards, short_cards)
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_long_records_fill_the_first_hundred_fragments(vault: Vault) -> None:
+    """The premise of the tests below: the top 100 fragments come from only a few records."""
+    out = cli_json(vault.d.home, "rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "100")
+    assert len(out["results"]) == 100
+    assert {r["record_id"] for r in out["results"]} <= {*vault.long_notes, *vault.long_cards}
+
+
+@pytest.mark.parametrize("limit", [4, 8, 12])
+def test_memory_search_limit_n_gives_n_distinct_records(vault: Vault, limit: int) -> None:
+    out = cli_json(vault.d.home, "memory", "search", vault.vid, "zebra", "--limit", str(limit))
+    ids = [r["id"] for r in out["results"]]
+    assert len(ids) == limit and len(set(ids)) == limit
+    assert set(ids) <= vault.visible
+    scores = [r["score"] for r in out["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_memory_search_human_output_has_one_line_per_record(vault: Vault) -> None:
+    ids = [r["id"] for r in cli_json(vault.d.home, "memory", "search", vault.vid, "zebra", "--limit", "10")["results"]]
+    r = run_cli(vault.d.home, "memory", "search", vault.vid, "zebra", "--limit", "10", env=WIDE)
+    assert r.returncode == 0, r.stderr
+    assert len(ids) == 10
+    for rid in ids:
+        assert r.stdout.count(rid) == 1, rid
+    rows = [line for line in r.stdout.splitlines() if any(rid in line for rid in ids)]
+    assert len(rows) == 10
+
+
+def test_memory_search_returns_every_matching_record_when_fewer_than_the_limit(vault: Vault) -> None:
+    out = cli_json(vault.d.home, "memory", "search", vault.vid, "zebra", "--limit", "50")
+    ids = [r["id"] for r in out["results"]]
+    assert len(ids) == len(set(ids)) and set(ids) == vault.visible  # all 18; never the private one
+    phrase = cli_json(vault.d.home, "memory", "search", vault.vid, "zebra stripes", "--match-mode", "phrase", "--limit", "50")
+    assert {r["id"] for r in phrase["results"]} == {*vault.long_notes, *vault.long_cards}
+
+
+def test_memory_search_cards_only_widens_too(vault: Vault) -> None:
+    out = cli_json(vault.d.home, "memory", "search", vault.vid, "zebra", "--cards-only", "--limit", "6")
+    ids = [r["id"] for r in out["results"]]
+    assert len(set(ids)) == 6 and set(ids) <= {*vault.long_cards, *vault.short_cards}
+
+
+def test_a_grant_scoped_search_gives_n_visible_records(vault: Vault) -> None:
+    d = vault.d
+    for kw, limit, allowed in (
+        ({}, 9, vault.visible),
+        ({"cards_only": True}, 7, {*vault.long_cards, *vault.short_cards}),
+    ):
+        token = d.call("grant.create", {"vault": vault.vid, "scopes": ["search"], **kw})["token"]
+        s = d.connect()
+        try:
+            assert "result" in d.request("session.grant", {"token": token}, sock=s)
+            msg = d.request("memory.search", {"query": "zebra", "limit": limit}, sock=s)
+        finally:
+            s.close()
+        assert "error" not in msg, msg
+        ids = [r["id"] for r in msg["result"]["results"]]
+        assert len(ids) == limit and len(set(ids)) == limit, kw
+        assert set(ids) <= allowed and vault.private not in ids
+
+
+def test_rag_search_table_shows_each_fragments_fingerprint(vault: Vault) -> None:
+    args = ("rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "5")
+    results = cli_json(vault.d.home, *args)["results"]
+    assert len(results) == 5
+    r = run_cli(vault.d.home, *args, env=WIDE)
+    assert r.returncode == 0, r.stderr
+    assert "FINGERPRINT" in r.stdout
+    for res in results:
+        assert re.fullmatch(r"[0-9a-f]{32}", res["fingerprint"])
+        lines = [line for line in r.stdout.splitlines() if f"[{res['label']}]" in line]
+        assert len(lines) == 1, r.stdout
+        line = lines[0]
+        assert res["fingerprint"][:12] in line
+        assert f"{res['record_id']}@{res['revision']}" in line
+        assert f"{res['start']}-{res['end']}" in line
+        assert f"{res['score']:.4f}" in line
