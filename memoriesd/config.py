@@ -97,6 +97,7 @@ class RagConfig:
     rrf_k: int = 60
     candidates: int = 100
     max_document_mib: float = 4.0
+    ask_min_cosine: float = 0.25  # vector evidence floor for `ask`; -1 = every nearest neighbour counts
     rerank_default: bool = True
     http: HttpConfig = field(default_factory=HttpConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -134,7 +135,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "rag.on_demand_embed_limit": (0, 100000),
     "rag.rrf_k": (1, 1000),
     "rag.candidates": (10, 1000),
-    "rag.max_document_mib": (0.001, 4),
+    "rag.max_document_mib": (0.001, 64),
+    "rag.ask_min_cosine": (-1, 1),
     "rag.http.retries": (0, 5),
     "rag.http.backoff_ms": (0, 60000),
     "rag.http.connect_timeout_seconds": (0.05, 600),

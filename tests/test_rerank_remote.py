@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +16,7 @@ from memoriesd.errors import AuthFailed, ConfigError, RerankFailed
 from memoriesd.net.client import HttpClient
 from memoriesd.rag.fusion import Candidate, order_by_scores
 from memoriesd.rag.rerank import remote_rerank
+from tests.conftest import Daemon, create_vault, short_tmpdir, write_config
 from tests.servers import Mirror, Scripted
 
 PATH = "/v1/rerank"
@@ -121,3 +125,35 @@ def test_only_the_compatible_protocol_is_accepted(server: Mirror, client: HttpCl
     with pytest.raises(ConfigError, match="compatible"):
         remote_rerank(client, bad, "q", DOCS, {})
     assert server.seen() == []
+
+
+def test_lock_during_a_remote_rerank_stops_its_retries(server: Mirror) -> None:
+    root = short_tmpdir()
+    home = root / "h"
+    write_config(
+        home,
+        f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
+        f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{PATH}"\nmodel = "bge"\n'
+        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 5\n",
+    )
+    d = Daemon(home).start()
+    try:
+        vid = create_vault(d)
+        d.call("memory.add", {"vault": vid, "body": "backup keys live in the safe"})
+        emb = {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}
+        server.add("/v1/embeddings", Scripted.json(200, emb), Scripted.json(200, emb))
+        server.add(PATH, *[Scripted.json(503, {"error": "busy"}, delay=0.6) for _ in range(4)])
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.update(msg=d.request("rag.search", {"vault": vid, "query": "backup keys", "mode": "hybrid"})))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not server.seen(PATH) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        d.call("vault.lock", {"vault": vid})
+        t.join(15)
+        assert box["msg"]["error"]["code"] in ("cancelled", "vault_locked"), box["msg"]
+        time.sleep(0.8)
+        assert len(server.seen(PATH)) == 1  # the 503 is not retried once the vault is locked
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -47,6 +47,10 @@ def _run_cancellable(fn: Any, check: Any) -> Any:
         raise value
 
 
+def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
+    return {"status": "insufficient_evidence", "answer": "", "mode": mode, "citations": [], "notices": notices}
+
+
 def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
     gen_cfg = engine.config.rag.generation
     if not gen_cfg.configured:
@@ -56,9 +60,13 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
         )
     engine.check_remote_policy(store, gen_cfg.url, "generation")
     req.query = question
+    if req.min_score is None and engine.config.rag.ask_min_cosine > -1:
+        # Vector search always has nearest neighbours; below the floor they are not evidence, so a
+        # question nothing in the vault speaks to is never sent to the generation service.
+        req.min_score = engine.config.rag.ask_min_cosine
     outcome = run_search(engine, store, req, ctx)
     if not outcome.hits:
-        return {"status": "insufficient_evidence", "answer": "", "mode": outcome.mode, "citations": [], "notices": outcome.notices}
+        return _insufficient(outcome.mode, outcome.notices)
 
     sources = []
     meta = []
@@ -98,6 +106,9 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
                 "source": doc.source,
             }
         )
+    if answer.parsed.insufficient and not citations:
+        # The service read the sources and found no answer there: its uncited sentence is not kept.
+        return _insufficient(outcome.mode, [*outcome.notices, f"the generation service found no answer in the {len(sources)} sources it was sent"])
     return {
         "status": "answered",
         "answer": answer.parsed.answer,

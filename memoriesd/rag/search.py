@@ -155,7 +155,7 @@ def rerank(engine: RagEngine, store: VaultStore, query: str, candidates: list[Ca
         from .rerank import remote_rerank
 
         engine.check_remote_policy(store, svc.url, "rerank")
-        scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=ctx.check_cancelled)
+        scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=engine.operation_check(store, ctx))
         return order_by_scores(candidates, scores)
     if not engine.config.rag.rerank_default:
         return candidates

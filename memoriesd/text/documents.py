@@ -207,7 +207,7 @@ def parse_document(
     if len(data) > max_bytes:
         raise DocumentRefused(
             f"{shown} is {_size(len(data))}, over the document limit of {_size(max_bytes)}: "
-            "split it into smaller files or raise [rag] max_document_mib in config.toml"
+            "split it into smaller files or raise [rag] max_document_mib (up to 64) in config.toml"
         )
     _refuse_binary(data, shown)
     if data.startswith(_BOM):

@@ -30,8 +30,8 @@ from ..errors import (
 )
 from ..home import Home
 from . import crypto
-from .records import new_record_id
 from .format import HEADER_NAME
+from .records import new_record_id
 from .store import KdfParams, VaultStore, public_header
 
 log = logging.getLogger("memoriesd.vault")
