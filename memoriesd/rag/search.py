@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ModelUnavailable, QueryInvalid
+from ..errors import DeviceOnly, ModelUnavailable, QueryInvalid
 from ..index.caches import VaultIndex
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
@@ -64,6 +64,23 @@ def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest) -> list[i
     return [fid for fid in frag_ids if idx.fragment(fid)[0].kind == "card"]
 
 
+def _default_mode(engine: RagEngine, store: VaultStore) -> str:
+    """hybrid when an embedding model is usable for this vault, else bm25.
+
+    A remote embedding service is not usable for a device-only vault (unless it is on loopback):
+    such a vault searches bm25 by default instead of failing with ``device_only``.
+    """
+    if not engine.embedding_available():
+        return "bm25"
+    svc = engine.config.rag.embedding
+    if svc.configured:
+        try:
+            engine.check_remote_policy(store, svc.url, "embedding")
+        except DeviceOnly:
+            return "bm25"
+    return "hybrid"
+
+
 def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: Any) -> SearchOutcome:
     _check(req)
     t0 = time.perf_counter()
@@ -71,7 +88,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     assert idx.bm25 is not None
     bm25 = idx.bm25
     parsed = bm25.parse(req.query, req.match_mode)  # validates the query in every mode
-    mode = req.mode or ("hybrid" if engine.embedding_available() else "bm25")
+    mode = req.mode or _default_mode(engine, store)
     n_cand = req.candidates or engine.config.rag.candidates
     k = req.rrf_k or engine.config.rag.rrf_k
     out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
@@ -94,6 +111,8 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         t_vec = time.perf_counter()
         if not engine.embedding_available():
             raise ModelUnavailable(f"--mode {mode} needs an embedding model: {INSTALL_HINT}")
+        if engine.config.rag.embedding.configured:  # the vault's policy first, before the client exists
+            engine.check_remote_policy(store, engine.config.rag.embedding.url, "embedding")
         embedder = engine.embedder()
         space = engine.vector_space(store, idx, embedder)
         missing = space.missing(idx)
