@@ -179,8 +179,10 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         ["source text", f"{out['cache']['source_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_source_mib']:g} MiB)"],
     ]
     if emb.get("embedded") is not None:
-        rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB)"])
-        rows.append(["model", emb["model"]])
+        # Not loaded yet: counted from the sealed vectors on disk (they load on first vector search).
+        where = "" if emb.get("vectors_loaded", True) else ", sealed on disk, not loaded yet"
+        rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB){where}"])
+        rows.append(["model", emb.get("model", "?")])
     elif emb.get("available"):
         rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
     else:

@@ -162,7 +162,15 @@ def delete(
 def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
     """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions."""
     out = call("vault.compact", {"vault": vault})
-    report(out, f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes.")
+    message = f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes."
+    if "vector_entries_kept" in out:
+        message += f" Sealed vectors: {out['vector_entries_kept']:,} kept, {out['vector_entries_dropped']:,} dropped."
+        if out.get("vector_files_skipped"):
+            message += (
+                f" {out['vector_files_skipped']} vector file(s) of a model not used since they were written were left"
+                " as is (see SECURITY.md, Deleting)."
+            )
+    report(out, message)
 
 
 @vault_app.command("policy")

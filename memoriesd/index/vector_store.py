@@ -16,26 +16,34 @@ mid-append leaves the previous commit valid (the uncommitted tail is dropped), a
 cut or spliced file fails the commit check. Entries are content-addressed (key =
 fragment fingerprint + title hash, identity in the aad), so even an old copy of
 the file can only hold correct vectors. ``rewrite`` compacts into a new file
-(O_EXCL 0600, fsync, rename, fsync dir).
+(O_EXCL 0600, fsync, rename, fsync dir); ``retain`` rewrites it with only the entries
+of live fragments (``vault compact``).
+
+A sidecar cannot be opened without its model identity and dimensions (they are in the
+aad), and its name is a keyed hash of the identity. So the vault directory also holds
+``vector-spaces.bin``: one sealed record (aad = vault id) listing, per sidecar id, the
+identity, dimensions and last use. It lets compaction filter the sidecars of every
+model the vault used, and status count sealed vectors before the model is loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
 import secrets
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MemoriesError
-from ..vault.format import fsync_dir
+from ..vault.format import atomic_write, fsync_dir
 
 log = logging.getLogger("memoriesd.vectors")
 
@@ -68,6 +76,50 @@ def sidecar_path(vault_dir: Path, opaque_id: str) -> Path:
 def list_sidecars(vault_dir: Path) -> list[Path]:
     """Every vector sidecar in a vault directory (to remove those of models no longer used)."""
     return sorted(p for p in Path(vault_dir).glob("vectors-*.bin") if p.is_file())
+
+
+def sidecar_opaque_id(path: Path) -> str:
+    """The opaque id in a sidecar's file name (inverse of :func:`sidecar_path`)."""
+    return Path(path).name[len("vectors-") : -len(".bin")]
+
+
+# -- the list of vector spaces (identity and dimensions of each sidecar) ---------------------
+
+SPACES_NAME = "vector-spaces.bin"
+_SPACES_MAGIC = b"MEMVSP\x00\x01"
+
+
+def _spaces_aad(vault_id: str) -> bytes:
+    return b"memories/v1/vector-spaces\0" + vault_id.encode("utf-8")
+
+
+def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dict[str, object]]:
+    """``{opaque id: {"identity", "dims", "used"}}`` from ``vector-spaces.bin``; {} when it is
+    missing or unreadable (derived data: never raises)."""
+    path = Path(vault_dir) / SPACES_NAME
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return {}
+    try:
+        if data[: len(_SPACES_MAGIC)] != _SPACES_MAGIC:
+            raise _Damage("not a vector space list of this version")
+        doc = json.loads(open_(data[len(_SPACES_MAGIC) :], _spaces_aad(vault_id)))
+        out: dict[str, dict[str, object]] = {}
+        for oid, entry in dict(doc["spaces"]).items():
+            if _OPAQUE_ID.fullmatch(str(oid)) and isinstance(entry.get("identity"), str) and int(entry["dims"]) > 0:
+                out[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
+        return out
+    except Exception as exc:
+        reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
+        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, reason)
+        return {}
+
+
+def write_spaces(vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal) -> None:
+    """Replace ``vector-spaces.bin`` atomically (temp file 0600, fsync, rename, fsync dir)."""
+    plain = json.dumps({"spaces": {k: dict(v) for k, v in spaces.items()}}, sort_keys=True).encode("utf-8")
+    atomic_write(Path(vault_dir) / SPACES_NAME, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
 
 
 class _Damage(Exception):
@@ -275,6 +327,42 @@ class VectorStore:
         """Replace the file with exactly ``entries`` (compaction), atomically and durably."""
         with self._lock:
             self._rewrite(entries)
+
+    def retain(self, keep: Collection[str]) -> tuple[int, int] | None:
+        """Rewrite the file with only the entries whose key is in ``keep`` (compaction), atomically
+        and durably; a file left with no entry is removed. Returns (kept, dropped), or None when the
+        file was damaged (then it is discarded, as :meth:`load` does) or missing."""
+        with self._lock:
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                self._state = None
+                return None
+            except OSError as exc:
+                raise self._write_error(exc) from exc
+            try:
+                _, entries = self._parse(data)
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
+                log.warning("vector cache %s is damaged (%s); discarded", self.path.name, reason)
+                self._discard()
+                return None
+            kept = {k: v for k, v in entries.items() if k in keep}
+            if kept:
+                self._rewrite(kept)
+            else:
+                self._discard()
+            return len(kept), len(entries) - len(kept)
+
+    def peek_keys(self) -> set[str] | None:
+        """The committed entry keys, read-only (never discards or changes state); None when the
+        file is missing or unreadable."""
+        try:
+            data = self.path.read_bytes()
+            _, entries = self._parse(data)
+        except Exception:
+            return None
+        return set(entries)
 
     def discard(self) -> None:
         """Remove the sidecar (e.g. when the vault no longer uses this model)."""

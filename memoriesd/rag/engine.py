@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, CapExceeded, ModelUnavailable, VaultLocked
+from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, VaultLocked
 from ..index.caches import IndexCache, VaultIndex
 from ..vault.store import VaultStore
-from .vectors import VectorSpace
+from .vectors import VectorSpace, sealed_status
 
 log = logging.getLogger("memoriesd.rag")
 
@@ -259,14 +259,37 @@ class RagEngine:
                     "embedded": len(space.index),
                     "total": idx.n_fragments(),
                     "vector_bytes": space.nbytes,
+                    "vectors_loaded": True,
                 }
             )
         elif self.embedding_available():
             out["embedding"]["model"] = self._describe_model()
             out["embedding"]["embedded"] = None
+            out["embedding"]["vectors_loaded"] = False
+            # Not loaded yet (unlock, restart): count the sealed vectors of live fragments instead.
+            identity, dims = self._known_identity()
+            sealed = sealed_status(
+                store, self.config.rag.cache, identity=identity, dims=dims, remote=self.config.rag.embedding.configured
+            )
+            if sealed is not None:
+                out["embedding"].update(sealed)
         else:
             out["embedding"]["hint"] = INSTALL_HINT
         return out
+
+    def _known_identity(self) -> tuple[str | None, int | None]:
+        """Identity and dimensions of the active embedder when known without loading a model
+        (a remote service's identity comes from the config; a local model's only once loaded)."""
+        if self.config.rag.embedding.configured:
+            try:
+                remote = self.embedder()  # builds the client only: no request is sent
+            except MemoriesError:
+                return None, None
+            return remote.identity, remote.dimensions
+        local = self._local
+        if local is not None:
+            return str(local.identity), int(local.dimensions)
+        return None, None
 
     def _describe_model(self) -> str:
         if self.config.rag.embedding.configured:

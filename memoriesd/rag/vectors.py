@@ -3,22 +3,33 @@
 Each vector is bound to its fragment's fingerprint, its record's title and the embedder's
 identity (the sidecar's associated data), so a different model, prompt or title never reuses a
 vector. Unlock or restart reload vectors from the sealed sidecar instead of re-embedding; vault
-changes embed only fragments whose key is new.
+changes embed only fragments whose key is new. ``vault compact`` rewrites every sidecar the vault's
+space list knows to the vectors of live fragments (:func:`compact_vectors`); ``rag status`` counts
+sealed vectors before they are loaded (:func:`sealed_status`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import Cancelled, CapExceeded
-from ..index.vector_store import VectorStore, entry_key, sidecar_path
-from ..index.vectors import VectorIndex, check_vector_cap
+from ..index.vector_store import (
+    VectorStore,
+    entry_key,
+    list_sidecars,
+    read_spaces,
+    sidecar_opaque_id,
+    sidecar_path,
+    write_spaces,
+)
+from ..index.vectors import VectorIndex, check_vector_cap, vector_bytes
 from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
@@ -31,6 +42,133 @@ def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
         return crypto.mac(key, identity.encode("utf-8")).hex()[:32]
     finally:
         crypto.wipe(key)
+
+
+_spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.bin
+
+
+def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) -> None:
+    """Note in the vault's sealed space list that ``identity`` (``dims``) is in use now, so
+    compaction can open its sidecar and status can count it before the model is loaded."""
+    oid = sidecar_id(store.key, identity)
+    with _spaces_lock:
+        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+        spaces[oid] = {"identity": identity, "dims": int(dims), "used": time.time()}
+        try:
+            write_spaces(store.dir, spaces, vault_id=store.vault_id, seal=sealer.seal)
+        except OSError as exc:
+            log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
+
+
+def live_fragment_keys(store: Any, cache_cfg: Any) -> list[str]:
+    """The entry key of every fragment of the vault's live, searchable records (one per fragment),
+    computed exactly as the index does (same fragments, same fingerprint subkey); builds no index."""
+    from ..index.caches import VaultIndex
+
+    scratch = VaultIndex(store, cache_cfg)  # holds only the fingerprint subkey until closed
+    try:
+        return [
+            entry_key(frag.fingerprint, rec.title)
+            for rec in store.latest()
+            if rec.searchable
+            for frag in scratch._doc_for(rec).fragments
+        ]
+    finally:
+        scratch.close()
+
+
+def compact_vectors(store: Any, cache_cfg: Any, vault_index: Any = None) -> dict[str, int]:
+    """After the log is compacted: rewrite every sealed sidecar of the vault whose model the space
+    list knows so it holds only vectors of live, searchable fragments (deleted records, old revisions
+    and old titles go); a sidecar left empty is removed. A sidecar of unknown identity (written
+    before the space list existed and not used since) cannot be opened: it is kept and counted.
+
+    Holds the index lock (no vector space is created or replaced meanwhile), the attached space's
+    lock (no append interleaves) and the store lock (the key stays valid, records do not change).
+    """
+    stats = {"vector_entries_kept": 0, "vector_entries_dropped": 0, "vector_files": 0, "vector_files_skipped": 0}
+    with contextlib.ExitStack() as stack:
+        if vault_index is not None:
+            stack.enter_context(vault_index.lock)
+        space = vault_index.vectors if vault_index is not None else None
+        if space is not None:
+            stack.enter_context(space.lock)
+        with store.lock:
+            keep = set(live_fragment_keys(store, cache_cfg))  # raises VaultLocked when locked meanwhile
+            sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+            try:
+                spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+                for path in list_sidecars(store.dir):
+                    if space is not None and path == space.sidecar.path:
+                        result = space.retain(keep)
+                    elif sidecar_opaque_id(path) in spaces:
+                        entry = spaces[sidecar_opaque_id(path)]
+                        result = VectorStore(
+                            path,
+                            vault_id=store.vault_id,
+                            identity=str(entry["identity"]),
+                            dims=int(str(entry["dims"])),
+                            seal=sealer.seal,
+                            open_=sealer.open,
+                        ).retain(keep)
+                    else:
+                        stats["vector_files_skipped"] += 1
+                        log.warning("vault %s: vector cache %s has no known model identity; left as is",
+                                    store.vault_id, path.name)
+                        continue
+                    if result is not None:
+                        stats["vector_files"] += 1
+                        stats["vector_entries_kept"] += result[0]
+                        stats["vector_entries_dropped"] += result[1]
+            finally:
+                sealer.wipe()
+    return stats
+
+
+def sealed_status(store: Any, cache_cfg: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
+    """``rag status`` before vectors are loaded: how many live fragments have a sealed vector.
+
+    ``identity``/``dims`` are the active embedder's when known without loading a model; else the
+    identity this vault used last (local or remote as ``remote`` says) from its space list. Reads
+    the space list and one sidecar's keys; embeds nothing and builds no index. None when unknown.
+    """
+    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    try:
+        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+        if identity is None:
+            used = [(float(str(e["used"])), oid) for oid, e in spaces.items() if str(e["identity"]).startswith("remote:") == remote]
+            if not used:
+                if list_sidecars(store.dir):
+                    return None  # vectors of an identity this daemon cannot name yet
+                return {"embedded": 0, "total": len(live_fragment_keys(store, cache_cfg)), "vector_bytes": 0}
+            oid = max(used)[1]
+            identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
+        else:
+            oid = sidecar_id(store.key, identity)
+            if dims is None and oid in spaces:
+                dims = int(str(spaces[oid]["dims"]))
+        path = sidecar_path(store.dir, oid)
+        if not path.exists():
+            keys: set[str] | None = set()
+        elif dims is None:
+            return None
+        else:
+            keys = VectorStore(
+                path, vault_id=store.vault_id, identity=identity, dims=dims, seal=sealer.seal, open_=sealer.open
+            ).peek_keys()
+        if keys is None:
+            return None
+    finally:
+        sealer.wipe()
+    frag_keys = live_fragment_keys(store, cache_cfg)
+    embedded = sum(1 for k in frag_keys if k in keys)
+    out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
+    if dims is not None:
+        out["dimensions"] = dims
+        out["vector_bytes"] = vector_bytes(embedded, dims)
+    else:
+        out["vector_bytes"] = 0
+    return out
 
 
 class VectorSpace:
@@ -53,6 +191,7 @@ class VectorSpace:
         self.index = VectorIndex(dims, max_vector_mib=max_vector_mib)
         self._known: dict[str, np.ndarray] | None = None  # sealed + recently dropped vectors by entry key
         self.lock = threading.RLock()
+        register_space(store, self._sealer, identity, dims)
 
     @staticmethod
     def key_of(vault_index: Any, frag_id: int) -> str:
@@ -84,6 +223,15 @@ class VectorSpace:
         """Forget fragments that left the index (their vectors stay known by key for reuse)."""
         with self.lock:
             self.index.remove(frag_ids)
+
+    def retain(self, keep: Collection[str]) -> tuple[int, int] | None:
+        """Compaction: keep only vectors whose entry key is in ``keep``, on disk and among the
+        known ones in memory (the index itself holds only live fragments)."""
+        with self.lock:
+            result = self.sidecar.retain(keep)
+            if self._known is not None:
+                self._known = {k: v for k, v in self._known.items() if k in keep}
+            return result
 
     def missing(self, vault_index: Any) -> list[int]:
         with self.lock:
@@ -154,4 +302,4 @@ class VectorSpace:
             self._sealer.wipe()
 
 
-__all__ = ["VectorSpace", "Cancelled", "CapExceeded", "sidecar_id"]
+__all__ = ["VectorSpace", "Cancelled", "CapExceeded", "compact_vectors", "sealed_status", "sidecar_id"]

@@ -177,7 +177,12 @@ def vault_delete(app: Any, ctx: Context) -> dict[str, Any]:
 def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
     store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
     t0 = time.perf_counter()
-    stats = store.compact(app.config.vault.keep_revisions)
+    stats: dict[str, Any] = dict(store.compact(app.config.vault.keep_revisions))
+    if app.rag is not None:
+        # Sealed vectors are derived from records: drop those of deleted records and old revisions too.
+        from ..rag.vectors import compact_vectors
+
+        stats.update(compact_vectors(store, app.config.rag.cache, app.rag.cache.peek(store.vault_id)))
     stats["seconds"] = round(time.perf_counter() - t0, 4)
     stats["vault_id"] = store.vault_id
     return stats
