@@ -237,14 +237,17 @@ def ask(
     limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
     match_mode: MatchMode = "any",
     no_rerank: NoRerank = False,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine = 0.25).")] = None,
 ) -> None:
     """Answer from the vault with the configured [rag.generation] service, citing [S1]-style sources."""
     params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
+    if min_score is not None:
+        params["min_score"] = min_score
     if mode:
         params["mode"] = mode
     out = call("rag.ask", params)
     if STATE.json:
-        emit_json({k: out[k] for k in ("status", "answer", "mode", "citations")})
+        emit_json({k: out[k] for k in ("status", "answer", "mode", "citations", "notices") if k in out})
         return
     for n in out.get("notices", []):
         notice(n)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, UrlRefused
+from .net.urls import check_url
 
 # ---------------------------------------------------------------------------
 # Typed sections
@@ -242,6 +243,10 @@ def _check_services(cfg: Config) -> None:
                 f"config key {prefix}.api_key_env is invalid: it names an environment variable "
                 f"(letters, digits, _), it never holds the key itself: {_SECRET_HINT}"
             )
+        try:  # the URL rule at load time: a key in a ?query or user-info is refused before any use
+            check_url(svc.url, purpose=f"[{prefix}]")
+        except UrlRefused as exc:
+            raise ConfigError(f"config key {prefix}.url: {exc.message}") from None
         if svc.dimensions and name != "embedding":
             raise ConfigError(f"config key {prefix}.dimensions is for [rag.embedding] only: remove it")
         if svc.api_key_env and len(svc.api_key_env) > 20 and any(c.islower() for c in svc.api_key_env) and any(

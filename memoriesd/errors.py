@@ -23,6 +23,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "usage": EXIT_USAGE,
     "invalid_params": EXIT_USAGE,
     "query_invalid": EXIT_USAGE,
+    "passphrase_required": EXIT_USAGE,
     "vault_locked": EXIT_LOCKED,
     "bad_passphrase": EXIT_LOCKED,
     "not_found": EXIT_NOT_FOUND,
@@ -194,10 +195,6 @@ class DeviceOnly(MemoriesError):
 
 class Cancelled(MemoriesError):
     code = "cancelled"
-
-
-class BudgetExhausted(MemoriesError):
-    code = "budget_exhausted"
 
 
 class ScopeDenied(MemoriesError):

@@ -55,6 +55,8 @@ def test_example_config_documents_every_key_with_its_default() -> None:
          "api_key_env = \"sk-1-proj-abc\"\n", "names an environment variable"),
         ("[rag.generation]\nprotocol = \"compatible\"\nurl = \"https://x.example/v1\"\nmodel = \"m\"\n"
          "dimensions = 8\n", "for [rag.embedding] only"),
+        ("[rag.embedding]\nprotocol = \"gemini\"\nurl = \"https://x.example/v1/m:embedContent?key=sk-1\"\n", "api_key_env"),
+        ("[rag.generation]\nprotocol = \"compatible\"\nurl = \"http://api.example/v1\"\nmodel = \"m\"\n", "rag.generation.url"),
     ],
 )
 def test_bad_values_are_one_line_naming_key_value_and_allowed(toml: str, needle: str) -> None:

@@ -197,7 +197,7 @@ def _apply_rule(url: str, *, allow_query: bool) -> ParsedUrl:
     if p.has_fragment:
         raise _Bad("it has a #fragment", p.shown)
     if p.has_query and not allow_query:
-        raise _Bad("it has a ?query; put options in the configuration, not in the URL", p.shown)
+        raise _Bad("it has a ?query; put options in the configuration and an API key in the daemon environment variable named by api_key_env, never in the URL", p.shown)
     if p.scheme == "http" and not p.loopback:
         raise _Bad(ALLOWED_HINT, p.shown)
     return p

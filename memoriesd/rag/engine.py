@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +180,7 @@ class RagEngine:
             return 0
         if getattr(embedder, "url", None):
             self.check_remote_policy(store, embedder.url, "embedding")
-        gen = store.generation
-
-        def check() -> None:
-            if store.closed:
-                raise Cancelled(f"vault {store.name} was locked: the operation was cancelled")
-            if store.generation != gen:
-                raise Cancelled("the vault changed during the operation: run it again")
-            ctx.check_cancelled()
+        check = self.operation_check(store, ctx)
 
         def embed_fn(items: list[tuple[str | None, str]]) -> np.ndarray:
             if getattr(embedder, "url", None):
@@ -196,10 +190,25 @@ class RagEngine:
         with self._embed_lock:
             return space.embed(idx, frag_ids, embed_fn, check=check, deadline=deadline, on_batch=progress)
 
+    @staticmethod
+    def operation_check(store: VaultStore, ctx: Any) -> Callable[[], None]:
+        """A check run before each batch and each remote attempt: lock, vault change, client gone."""
+        gen = store.generation
+
+        def check() -> None:
+            if store.closed:
+                raise Cancelled(f"vault {store.name} was locked: the operation was cancelled")
+            if store.generation != gen:
+                raise Cancelled("the vault changed during the operation: run it again")
+            ctx.check_cancelled()
+
+        return check
+
     def embed_query(self, embedder: Any, store: VaultStore, query: str, ctx: Any) -> np.ndarray:
         if getattr(embedder, "url", None):
             self.check_remote_policy(store, embedder.url, "embedding")
-            return np.asarray(embedder.embed_queries([query], before_attempt=ctx.check_cancelled))[0]
+            check = self.operation_check(store, ctx)
+            return np.asarray(embedder.embed_queries([query], before_attempt=check))[0]
         with self._embed_lock:
             return np.asarray(embedder.embed_queries([query]))[0]
 

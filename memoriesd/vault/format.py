@@ -6,6 +6,7 @@
     vaults/<vault_id>/head.bin          sealed {epoch, count, log_bytes, last_hash}: the log's authenticated length
     vaults/<vault_id>/log-<epoch>.bin   append-only sealed records: [u32 length][nonce|ciphertext|tag]...
     vaults/<vault_id>/vectors-*.bin     sealed embedding sidecars (derived data)
+    vaults/<vault_id>/vector-spaces.bin sealed list of the sidecars' model identities (derived data)
 
 Each log entry is AES-256-GCM sealed with associated data binding it to the vault id, the log
 epoch, its sequence number and the hash chain of every entry before it, so an entry cannot be
