@@ -28,23 +28,14 @@ sys.path.insert(0, str(REPO))
 from memoriesd.embed.local import LocalEmbedder, fixed_batches, plan_batches  # noqa: E402
 from memoriesd.embed.profile import format_document  # noqa: E402
 from memoriesd.index.vectors import VectorIndex  # noqa: E402
+from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 
 
-def fragments(text: str, size: int = 768, overlap: int = 128) -> list[str]:
-    """Character windows ending at whitespace where possible (a stand-in for the product's fragmenter)."""
-    out, start = [], 0
-    while start < len(text):
-        end = min(len(text), start + size)
-        if end < len(text):
-            cut = text.rfind(" ", start + size // 2, end)
-            end = cut if cut > 0 else end
-        out.append(text[start:end].strip())
-        if end >= len(text):
-            break
-        start = max(end - overlap, start + 1)
-    return [f for f in out if f]
+def fragments(text: str) -> list[str]:
+    """The product's own 768/128 fragments of one text (any fixed key: fingerprints are unused here)."""
+    return [f.text for f in split_fragments("bench", 1, text, b"bench-embed") if f.text]
 
 
 def load_items(corpus: Path, limit: int) -> list[tuple[str | None, str]]:

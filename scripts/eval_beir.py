@@ -207,6 +207,7 @@ def main() -> None:
                 "rrf_k": k if mode == "hybrid" else None,
                 "ndcg@10": round(statistics.fmean(ndcgs), 4),
                 "recall@100": round(statistics.fmean(recalls), 4),
+                "recall_counts": f"distinct documents among the top {args.limit} fragments",
                 "p50_ms": round(lat[len(lat) // 2], 2),
                 "p95_ms": round(lat[int(len(lat) * 0.95) - 1], 2),
                 "queries": len(qids),
