@@ -20,7 +20,6 @@ the position and the text) and, without the key, says nothing about the text.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 from dataclasses import dataclass
@@ -57,8 +56,7 @@ class Fragment:
 
 def fingerprint(key: bytes, start: int, end: int, data: bytes) -> str:
     """HMAC-SHA256 over ``start:end:`` and the fragment's UTF-8 bytes, hex, truncated."""
-    mac = hmac.new(key, f"{start}:{end}:".encode("ascii") + data, hashlib.sha256)
-    return mac.hexdigest()[:FINGERPRINT_HEX]
+    return hmac.digest(key, f"{start}:{end}:".encode("ascii") + data, "sha256").hex()[:FINGERPRINT_HEX]
 
 
 def _last_break(body: str, lo: int, hi: int) -> int | None:

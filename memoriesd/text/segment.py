@@ -120,6 +120,8 @@ def segment(text: str, *, han_only: bool = DEFAULT.han_only) -> str:
     """
     jb = _require_jieba()
     text = _CONTROL.sub(" ", text)
+    if han_only and text.isascii():  # no Han text possible; far cheaper than the regex on English notes
+        return text
     if not han_only:
         return " ".join(t for t in jb.cut_for_search(text) if t.strip())
     if not _HAN_RUN.search(text):
@@ -141,7 +143,7 @@ def segment_chars(text: str) -> str:
 
 def has_han(text: str) -> bool:
     """Whether ``text`` contains a Han character."""
-    return _HAN_RUN.search(text) is not None
+    return not text.isascii() and _HAN_RUN.search(text) is not None
 
 
 def query_terms(text: str, *, han_only: bool = DEFAULT.han_only) -> list[str]:
