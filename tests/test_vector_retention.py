@@ -10,26 +10,16 @@ from pathlib import Path
 import pytest
 
 from .conftest import Daemon, cli_json, create_vault, run_cli, short_tmpdir, write_config
-from .tinymodel import make_tiny_model
+from .tinymodel import TOPIC_NOTES, two_tiny_models
 
-NOTES = [
-    ("Pets", "my dog and cat love the vet and their food bowl"),
-    ("Coffee", "morning espresso latte with milk and sugar in a mug"),
-    ("Hiking", "mountain trail hike to the summit with snow and boots"),
-    ("Music", "piano and guitar chords for a song melody"),
-    ("Money", "bank loan interest rate and tax budget invoice"),
-]
+NOTES = TOPIC_NOTES
 CANARY = ("Canary", "zebra quokka axolotl narwhal canary")
 PASS = "correct horse"
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("models")
-    a, b = base / "a", base / "b"
-    make_tiny_model(a, seed=1)
-    make_tiny_model(b, seed=2)
-    return {"a": a, "b": b}
+    return two_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def _config(home: Path, model: Path) -> None:

@@ -19,24 +19,14 @@ from .conftest import (
     write_config,
 )
 from .servers import Mirror
-from .tinymodel import make_tiny_model
+from .tinymodel import TOPIC_NOTES, make_tiny_model, two_tiny_models
 
-NOTES = [
-    ("Pets", "my dog and cat love the vet and their food bowl"),
-    ("Coffee", "morning espresso latte with milk and sugar in a mug"),
-    ("Hiking", "mountain trail hike to the summit with snow and boots"),
-    ("Music", "piano and guitar chords for a song melody"),
-    ("Money", "bank loan interest rate and tax budget invoice"),
-]
+NOTES = TOPIC_NOTES
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("models")
-    a, b = base / "a", base / "b"
-    make_tiny_model(a, seed=1)
-    make_tiny_model(b, seed=2)
-    return {"a": a, "b": b}
+    return two_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def _home_with(model: Path, extra: str = "") -> Path:

@@ -213,3 +213,21 @@ def make_tiny_model(
 def check_graph(path: Path) -> None:
     """Validate a written graph with the ONNX checker (external data resolved beside it)."""
     onnx.checker.check_model(str(path))
+
+
+#: Five short notes on distinct topics, for vector-search tests with a tiny model.
+TOPIC_NOTES = [
+    ("Pets", "my dog and cat love the vet and their food bowl"),
+    ("Coffee", "morning espresso latte with milk and sugar in a mug"),
+    ("Hiking", "mountain trail hike to the summit with snow and boots"),
+    ("Music", "piano and guitar chords for a song melody"),
+    ("Money", "bank loan interest rate and tax budget invoice"),
+]
+
+
+def two_tiny_models(base: Path) -> dict[str, Path]:
+    """Two tiny models of the same shape but different weights (model "a" and model "b")."""
+    a, b = base / "a", base / "b"
+    make_tiny_model(a, seed=1)
+    make_tiny_model(b, seed=2)
+    return {"a": a, "b": b}
