@@ -17,7 +17,7 @@ from .state import STATE, call, emit_json, notice, report, table
 
 rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
 
-Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is available, else bm25).")]
+Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is usable for this vault, else bm25).")]
 MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all (every term), or phrase.")]
 Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
 CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
@@ -79,7 +79,7 @@ def _progress_cm(label: str) -> AbstractContextManager[Any]:
 def ingest(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     paths: Annotated[list[str], typer.Argument(help="Files or directories (UTF-8 text or Markdown), or - for stdin.")],
-    title: Annotated[str | None, typer.Option("--title", help="Title (default: the first # heading, else the file name). Required for -.")] = None,
+    title: Annotated[str | None, typer.Option("--title", help="Title (default: front matter title, else the first # heading, else the file name). Required for -.")] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Walk directories for *.md, *.markdown, *.txt (hidden ones skipped).")] = False,
     private: Annotated[bool, typer.Option("--private", help="Keep the cards private: never indexed, searched or sent.")] = False,
