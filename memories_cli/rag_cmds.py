@@ -182,7 +182,9 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         # Not loaded yet: counted from the sealed vectors on disk (they load on first vector search).
         where = "" if emb.get("vectors_loaded", True) else ", sealed on disk, not loaded yet"
         rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB){where}"])
-        rows.append(["model", emb.get("model", "?")])
+        model = str(emb.get("model", "?"))
+        source = emb.get("source")
+        rows.append(["model", f"{source} (identity {model[:16]}…)" if source and source != model else model])
     elif emb.get("available"):
         rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
     else:

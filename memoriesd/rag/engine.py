@@ -259,6 +259,8 @@ class RagEngine:
             except CapExceeded as exc:
                 out["index"] = "over_cap"
                 out["cap_error"] = exc.message
+        if self.embedding_available():
+            out["embedding"]["source"] = self._describe_model()  # the model directory or remote service
         if idx is not None and idx.vectors is not None:
             space = idx.vectors
             out["embedding"].update(
