@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memoriesd.errors import DocumentRefused
-from memoriesd.text.documents import discover, parse_document
+from memoriesd.text.documents import PathKeys, discover, parse_document
 
 
 def _png() -> bytes:
@@ -207,3 +207,19 @@ def test_symlinked_directories_are_not_followed(tmp_path: Path) -> None:
     os.symlink(tmp_path / "notes", tmp_path / "notes" / "sub" / "loop")
     files, _ = discover([tmp_path / "notes"], recursive=True)
     assert len(files) == 4
+
+
+def test_path_keys_agree_with_resolve_for_links_dotdot_and_plain_files(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    note = real / "sub" / "note.md"
+    note.write_text("# n\n")
+    (tmp_path / "linkdir").symlink_to(real)
+    (tmp_path / "linkfile.md").symlink_to(note)
+    keys = PathKeys()
+    for p in (note, tmp_path / "linkdir" / "sub" / "note.md", tmp_path / "linkfile.md",
+              real / "sub" / ".." / "sub" / "note.md", tmp_path / "missing" / "x.md"):
+        assert keys.key(p) == str(p.resolve()), p
+    # The same file reached three ways is discovered once.
+    files, _ = discover([note, tmp_path / "linkfile.md", tmp_path / "linkdir"], recursive=True, keys=keys)
+    assert files == [note]

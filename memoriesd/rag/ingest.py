@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DocumentRefused, UsageError
-from ..text.documents import discover, parse_document
+from ..text.documents import PathKeys, discover, parse_document
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
@@ -93,7 +93,9 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
     for p in roots:
         if not p.is_absolute():
             raise UsageError("ingest paths must be absolute (the CLI resolves them)")
-    files, problems = discover(roots, recursive=req.recursive)
+    keys = PathKeys()
+    files, problems = discover(roots, recursive=req.recursive, keys=keys)
+    dir_roots = [r for r in roots if r.is_dir()]
     for path, why in problems:
         report.refused.append({"path": str(path), "message": why})
     existing = _cards_by_source(store)
@@ -122,8 +124,8 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
     for path in files:
         done += 1
         ctx.check_cancelled()
-        resolved = str(path.resolve())
-        shown = _relative(path, roots)
+        resolved = keys.key(path)
+        shown = _relative(path, dir_roots)
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -171,12 +173,11 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
     return report
 
 
-def _relative(path: Path, roots: list[Path]) -> str:
-    """The path as the user sees it: relative to the directory it was found under."""
-    for root in roots:
-        if root.is_dir():
-            try:
-                return str(path.relative_to(root))
-            except ValueError:
-                continue
+def _relative(path: Path, dir_roots: list[Path]) -> str:
+    """The path as the user sees it: relative to the directory (of those given) it was found under."""
+    for root in dir_roots:
+        try:
+            return str(path.relative_to(root))
+        except ValueError:
+            continue
     return path.name
