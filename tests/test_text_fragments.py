@@ -200,3 +200,28 @@ def test_segment_refuses_to_run_before_configure() -> None:
         assert "configure" in exc.value.message
     finally:
         seg._jieba = saved
+
+
+def test_last_break_equals_a_full_scan_on_random_text() -> None:
+    # The fast path scans only the last 64 characters first; it must cut exactly where a scan of the
+    # whole window does, or fragments (and their fingerprints) would change.
+    import random
+
+    from memoriesd.text import fragments as fr
+
+    def full_scan(body: str, lo: int, hi: int) -> int | None:
+        for pattern in (fr._STRONG, fr._WEAK):
+            last = None
+            for m in pattern.finditer(body, lo, hi):
+                last = m.end()
+            if last is not None and last > lo:
+                return last
+        return None
+
+    rnd = random.Random(11)
+    alphabet = list("ab d.!?。！？；\n\"'”’)]」』），、,;:： ") + ["x"] * 8
+    for _ in range(4000):
+        body = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 900)))
+        lo = rnd.randint(0, len(body) - 1)
+        hi = rnd.randint(lo, len(body))
+        assert fr._last_break(body, lo, hi) == full_scan(body, lo, hi), (body, lo, hi)

@@ -59,15 +59,28 @@ def fingerprint(key: bytes, start: int, end: int, data: bytes) -> str:
     return hmac.digest(key, f"{start}:{end}:".encode("ascii") + data, "sha256").hex()[:FINGERPRINT_HEX]
 
 
+def _last_match_end(pattern: re.Pattern[str], body: str, lo: int, hi: int) -> int | None:
+    """End of the last match of ``pattern`` scanning ``body[lo:hi]``.
+
+    Every match of the break patterns starts at a break character and cannot swallow a later one,
+    so the matches at or after any position are the same whether the scan starts there or at
+    ``lo``: the last 64 characters are tried first, the whole range only when they hold none.
+    """
+    for start in (max(lo, hi - 64), lo):
+        last: int | None = None
+        for m in pattern.finditer(body, start, hi):
+            last = m.end()
+        if last is not None or start == lo:
+            return last
+    return None  # pragma: no cover - the loop always returns
+
+
 def _last_break(body: str, lo: int, hi: int) -> int | None:
     """The last cut position in ``(lo, hi]``: strong breaks first, then weak ones."""
-    last: int | None = None
-    for m in _STRONG.finditer(body, lo, hi):
-        last = m.end()
+    last = _last_match_end(_STRONG, body, lo, hi)
     if last is not None and last > lo:
         return last
-    for m in _WEAK.finditer(body, lo, hi):
-        last = m.end()
+    last = _last_match_end(_WEAK, body, lo, hi)
     if last is not None and last > lo:
         return last
     return None
