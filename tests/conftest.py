@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -173,6 +174,20 @@ def daemon(home: Path) -> Iterator[Daemon]:
     d = Daemon(home).start()
     yield d
     d.stop()
+
+
+@contextlib.contextmanager
+def running_daemon(config: str = "", env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon on a fresh short home with this config.toml text; stopped and removed after."""
+    root = short_tmpdir()
+    home = root / "h"
+    write_config(home, config)
+    d = Daemon(home, env=env).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def create_vault(d: Daemon, name: str = "personal", passphrase: str = "correct horse") -> str:

@@ -17,6 +17,7 @@ from .conftest import (
     cli_json,
     create_vault,
     run_cli,
+    running_daemon,
     short_tmpdir,
     write_config,
 )
@@ -251,22 +252,15 @@ def test_device_only_vault_refuses_remote_before_any_connection(server: Mirror) 
 
 
 def test_device_only_vault_with_a_remote_embedding_service_searches_bm25_by_default() -> None:
-    root = short_tmpdir()
-    home = root / "h"
-    write_config(home, '[rag.embedding]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\n'
-                       'model = "e"\ndimensions = 3\n')
-    d = Daemon(home).start()
-    try:
-        r = run_cli(home, "vault", "create", "dev", "--device-only", "--passphrase-stdin", input="pw\n")
+    config = '[rag.embedding]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
+    with running_daemon(config) as d:
+        r = run_cli(d.home, "vault", "create", "dev", "--device-only", "--passphrase-stdin", input="pw\n")
         vid = r.stdout.strip().splitlines()[-1]
         d.call("memory.add", {"vault": vid, "body": "backup the vault while locked"})
-        out = cli_json(home, "rag", "search", vid, "backup")
+        out = cli_json(d.home, "rag", "search", vid, "backup")
         assert out["mode"] == "bm25" and len(out["results"]) == 1
-        r = run_cli(home, "rag", "search", vid, "backup", "--mode", "hybrid")  # asked for: refused, named
+        r = run_cli(d.home, "rag", "search", vid, "backup", "--mode", "hybrid")  # asked for: refused, named
         assert r.returncode == 1 and r.stderr.startswith("error[device_only]"), r.stderr
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_device_only_allows_loopback_services(gdaemon: Daemon, server: Mirror) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from memoriesd.errors import AuthFailed, ConfigError, RerankFailed
 from memoriesd.net.client import HttpClient
 from memoriesd.rag.fusion import Candidate, order_by_scores
 from memoriesd.rag.rerank import remote_rerank
-from tests.conftest import Daemon, create_vault, short_tmpdir, write_config
+from tests.conftest import create_vault, running_daemon
 from tests.servers import Mirror, Scripted
 
 PATH = "/v1/rerank"
@@ -128,16 +127,12 @@ def test_only_the_compatible_protocol_is_accepted(server: Mirror, client: HttpCl
 
 
 def test_lock_during_a_remote_rerank_stops_its_retries(server: Mirror) -> None:
-    root = short_tmpdir()
-    home = root / "h"
-    write_config(
-        home,
+    config = (
         f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
         f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{PATH}"\nmodel = "bge"\n'
-        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 5\n",
+        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 5\n"
     )
-    d = Daemon(home).start()
-    try:
+    with running_daemon(config) as d:
         vid = create_vault(d)
         d.call("memory.add", {"vault": vid, "body": "backup keys live in the safe"})
         emb = {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}
@@ -154,6 +149,3 @@ def test_lock_during_a_remote_rerank_stops_its_retries(server: Mirror) -> None:
         assert box["msg"]["error"]["code"] in ("cancelled", "vault_locked"), box["msg"]
         time.sleep(0.8)
         assert len(server.seen(PATH)) == 1  # the 503 is not retried once the vault is locked
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
