@@ -276,6 +276,17 @@ def test_malformed_oversized_and_truncated_frames(daemon: Daemon) -> None:
     assert "Traceback" not in daemon.log_text()
 
 
+def test_lone_surrogates_in_json_are_invalid_params_and_nothing_is_lost(daemon: Daemon) -> None:
+    vid = create_vault(daemon, "notes", "pw")
+    keep = daemon.call("memory.add", {"vault": vid, "body": "kept note"})["id"]
+    payload = json.dumps({"id": 7, "method": "memory.add", "params": {"vault": vid, "title": "\ud800", "body": "b"}})
+    data = payload.encode("ascii")  # json.dumps escapes the surrogate as \ud800: valid UTF-8 JSON text
+    msg = _raw(daemon, struct.pack(">I", len(data)) + data)
+    assert msg["error"]["code"] == "invalid_params" and "Unicode" in msg["error"]["message"], msg
+    assert [r["id"] for r in daemon.call("memory.list", {"vault": vid})["records"]] == [keep]
+    assert daemon.proc is not None and daemon.proc.poll() is None
+
+
 def test_second_daemon_on_same_home_exits_with_clear_message(daemon: Daemon) -> None:
     r = subprocess.run(
         [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(daemon.home)], capture_output=True, text=True, timeout=30

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memoriesd.errors import BadPassphrase, NotFound, VaultCorrupt
+from memoriesd.errors import BadPassphrase, NotFound, UsageError, VaultCorrupt
 from memoriesd.vault import crypto
 from memoriesd.vault.format import HEAD_NAME, HEADER_NAME, LEN, log_name
 from memoriesd.vault.records import Record, new_record_id, now
@@ -189,6 +189,49 @@ def test_a_bad_batch_in_a_group_fails_only_its_caller(tmp_path: Path) -> None:
     s.close()
     s = VaultStore.open(d, passphrase=PW)
     assert sorted(r.body for r in s.latest()) == ["first revision", "good one", "good two"]
+    s.close()
+
+
+def test_the_lock_holders_batch_is_written_before_the_queued_ones(tmp_path: Path) -> None:
+    d = tmp_path / "v1"
+    s = VaultStore.create(d, "v1", "t", PW, CHEAP)
+    r1 = rec("revision one")
+    s.commit([r1])
+    stale = Record(r1.id, 2, "memory", "t", "built from a stale read", False, (), created=now(), updated=now())
+    result: dict[str, BaseException | None] = {}
+
+    def run() -> None:
+        try:
+            s.commit([stale])
+            result["stale"] = None
+        except BaseException as exc:  # noqa: BLE001 - inspected below
+            result["stale"] = exc
+
+    with s.lock:  # an update: read, then write, under the lock
+        current = s.get(r1.id)
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not s._queue and time.monotonic() < deadline:
+            time.sleep(0.005)
+        s.commit([Record(r1.id, current.revision + 1, "memory", "t", "the real update", False, (), created=now(), updated=now())])
+    t.join(10)
+    assert s.get(r1.id).body == "the real update"
+    assert isinstance(result["stale"], ValueError)  # the stale writer fails, not the lock holder
+    s.close()
+
+
+def test_an_unencodable_batch_fails_alone_and_the_others_are_durable(tmp_path: Path) -> None:
+    d = tmp_path / "v1"
+    s = VaultStore.create(d, "v1", "t", PW, CHEAP)
+    good = [[rec("good one")], [rec("good two")]]
+    bad = [rec("fine body", title="\ud800")]
+    results = _queued_while_locked(s, [good[0], bad, good[1]])
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], UsageError) and "Unicode" in str(results[1])
+    s.close()
+    s = VaultStore.open(d, passphrase=PW)
+    assert sorted(r.body for r in s.latest()) == ["good one", "good two"]
     s.close()
 
 

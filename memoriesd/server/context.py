@@ -38,6 +38,7 @@ class Params:
             raise InvalidParams(f"parameter {name} must not be empty")
         if max_len is not None and len(value) > max_len:
             raise InvalidParams(f"parameter {name} is too long (at most {max_len} characters)")
+        _check_unicode(name, value)
         return value
 
     def integer(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
@@ -70,6 +71,8 @@ class Params:
         value = self._get(name, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InvalidParams(f"parameter {name} must be a list of strings")
+        for v in value:
+            _check_unicode(name, v)
         return list(value)
 
     def choice(self, name: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
@@ -79,6 +82,14 @@ class Params:
         if value not in choices:
             raise InvalidParams(f"parameter {name} must be one of {', '.join(choices)}")
         return value
+
+
+def _check_unicode(name: str, value: str) -> None:
+    """JSON can carry lone surrogates ("\\ud800"), which no UTF-8 file can hold: refuse them here."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidParams(f"parameter {name} is not valid Unicode text (it holds a lone surrogate)") from None
 
 
 @dataclass

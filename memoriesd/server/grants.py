@@ -413,8 +413,9 @@ def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     if p.flag("all", False):
         store = app.vaults.store(p.text("vault", allow_empty=False))
-        ids = sorted(str(r["id"]) for r in _grants_of(store))
-        store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
+        with store.lock:  # read and delete together: a grant in use cannot be written back between
+            ids = sorted(str(r["id"]) for r in _grants_of(store))
+            store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
         log.info("revoked %d grants of vault %s", len(ids), store.vault_id)
         return {"revoked": ids, "vault_id": store.vault_id}
     grant_id = p.text("grant_id", allow_empty=False, max_len=64)
@@ -424,8 +425,11 @@ def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
         if store is None:
             locked = True
             continue
-        if SETTING_PREFIX + grant_id in store.settings:
-            store.commit([Setting(SETTING_PREFIX + grant_id, None)])
+        with store.lock:
+            found = SETTING_PREFIX + grant_id in store.settings
+            if found:
+                store.commit([Setting(SETTING_PREFIX + grant_id, None)])
+        if found:
             log.info("grant %s of vault %s revoked", grant_id, store.vault_id)
             return {"revoked": [grant_id], "vault_id": store.vault_id}
     hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""

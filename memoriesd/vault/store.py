@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadPassphrase, NotFound, VaultCorrupt
+from ..errors import BadPassphrase, Internal, NotFound, UsageError, VaultCorrupt
 from . import crypto
 from .format import (
     HEAD_NAME,
@@ -246,9 +246,10 @@ class VaultStore:
         Group commit: batches that arrive while another thread is writing wait in a queue, and
         the next thread to take the lock writes all of them with one fsync and one head
         replacement. Each caller returns only once its own batch is durable and applied (or
-        raises what failed it). A caller that holds ``self.lock`` while it reads and then
-        commits (updates, deletes) keeps that read-then-write atomic: queued batches are
-        independent additions.
+        raises what failed it). The writer's own batch goes first: a caller that holds
+        ``self.lock`` while it reads and then commits (updates, deletes, grant use) keeps that
+        read-then-write atomic, and the batches queued behind it (built without the lock) are
+        checked against its result.
         """
         ops = list(ops)
         if not ops:
@@ -259,39 +260,55 @@ class VaultStore:
         with self.lock:
             if not mine.done:
                 with self._queue_lock:
-                    group, self._queue = self._queue, []
-                self._write_group(group)
+                    queued, self._queue = self._queue, []
+                group = [mine] + [b for b in queued if b is not mine]
+                try:
+                    self._write_group(group)
+                finally:
+                    for b in group:  # nothing taken off the queue may stay unanswered
+                        if not b.done:
+                            b.finish(Internal("a vault write ended without an outcome: report this as a bug"))
+        if not mine.done:  # pragma: no cover - every path above finishes it
+            raise Internal("a vault write ended without an outcome: report this as a bug")
         if mine.error is not None:
             raise mine.error
 
     def _write_group(self, group: list[_Batch]) -> None:
-        """Write queued batches as one durable append. Caller holds ``self.lock``."""
+        """Write batches as one durable append; each is finished with its own outcome. Caller holds ``self.lock``."""
         try:
             self._check_open()
         except BaseException as exc:
             for b in group:
                 b.finish(exc)
             return
+        head = self.head
         revs: dict[str, int] = {}
         ok: list[_Batch] = []
+        chunks: list[bytes] = []
+        prev = head.last_hash
+        seq = head.count
         for b in group:
             problem = self._invalid(b.entries, revs)
             if problem is not None:
                 b.finish(ValueError(problem))
-            else:
-                ok.append(b)
+                continue
+            try:  # a batch that cannot be encoded (e.g. a lone surrogate) fails alone
+                framed_batch = []
+                b_prev, b_seq = prev, seq
+                for entry in b.entries:
+                    framed = encode_entry(self._records, self.vault_id, head.epoch, b_seq, b_prev, entry)
+                    b_prev = next_hash(b_prev, framed[4:])
+                    framed_batch.append(framed)
+                    b_seq += 1
+            except Exception as exc:  # noqa: BLE001 - handed to its caller
+                b.finish(UsageError("a record could not be encoded: its text is not valid Unicode") if isinstance(exc, UnicodeError) else exc)
+                continue
+            self._commit_revs(b.entries, revs)
+            chunks.extend(framed_batch)
+            prev, seq = b_prev, b_seq
+            ok.append(b)
         if not ok:
             return
-        head = self.head
-        prev = head.last_hash
-        chunks = []
-        seq = head.count
-        for b in ok:
-            for entry in b.entries:
-                framed = encode_entry(self._records, self.vault_id, head.epoch, seq, prev, entry)
-                prev = next_hash(prev, framed[4:])
-                chunks.append(framed)
-                seq += 1
         data = b"".join(chunks)
         path = self.dir / log_name(head.epoch)
         new_head = Head(head.epoch, seq, head.log_bytes + len(data), prev)
@@ -314,11 +331,16 @@ class VaultStore:
                 b.finish(exc)
             return
         self.head = new_head
-        for b in ok:
-            for entry in b.entries:
-                self._apply(entry)
-            b.finish(None)
         self.generation += 1
+        for b in ok:
+            try:
+                for entry in b.entries:
+                    self._apply(entry)
+            except Exception:  # pragma: no cover - _invalid has checked every entry
+                log.exception("vault %s: a durable batch could not be applied in memory", self.vault_id)
+                b.finish(Internal("a record was written but not loaded: lock and unlock the vault, and report this as a bug"))
+                continue
+            b.finish(None)
 
     def _invalid(self, entries: list[dict[str, Any]], revs: dict[str, int]) -> str | None:
         """Why a batch could not be applied after the ones before it in ``revs`` (None: it can)."""
@@ -336,8 +358,14 @@ class VaultStore:
             if last is not None and int(entry["rev"]) <= last:
                 return "revision order"
             seen[rid] = int(entry["rev"])
-        revs.update(seen)
         return None
+
+    @staticmethod
+    def _commit_revs(entries: list[dict[str, Any]], revs: dict[str, int]) -> None:
+        """Record the revisions of a batch accepted into the group (for the batches after it)."""
+        for entry in entries:
+            if entry["t"] != "set":
+                revs[str(entry["id"])] = int(entry["rev"])
 
     def _check_open(self) -> None:
         if self.closed:
