@@ -21,7 +21,7 @@ from memories_cli.grant_cmds import parse_scopes, parse_ttl
 from memoriesd.errors import UsageError
 from memoriesd.vault.records import new_record_id
 
-from .conftest import Daemon, create_vault, short_tmpdir, write_config
+from .conftest import Daemon, create_vault, running_daemon, short_tmpdir, write_config
 
 PASS = "correct horse"
 
@@ -59,15 +59,8 @@ def seed(d: Daemon) -> World:
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    tmp = short_tmpdir("mg")
-    home = tmp / "h"
-    write_config(home)
-    d = Daemon(home).start()
-    try:
+    with running_daemon() as d:
         yield seed(d)
-    finally:
-        d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def grant(w: World, vault: str | None = None, **kw: Any) -> dict[str, Any]:

@@ -8,14 +8,13 @@ those by record would return fewer records than asked for although more match.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from .conftest import Daemon, cli_json, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import Daemon, cli_json, create_vault, run_cli, running_daemon
 
 WIDE = {"COLUMNS": "250"}
 
@@ -42,11 +41,7 @@ class Vault:
 
 @pytest.fixture(scope="module")
 def vault() -> Iterator[Vault]:
-    tmp = short_tmpdir("ms")
-    home = tmp / "h"
-    write_config(home)
-    d = Daemon(home).start()
-    try:
+    with running_daemon() as d:
         vid = create_vault(d)
 
         def add(**kw: Any) -> str:
@@ -62,9 +57,6 @@ def vault() -> Iterator[Vault]:
         long_cards = [card(f"Zebra card {i}", dense(10 + i)) for i in range(2)]
         short_cards = [card(f"Small card {i}", f"Card {i}: a zebra, seen once at the river.") for i in range(5)]
         yield Vault(d, vid, long_notes, short_notes, private, long_cards, short_cards)
-    finally:
-        d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_the_long_records_fill_the_first_hundred_fragments(vault: Vault) -> None:

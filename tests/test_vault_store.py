@@ -8,6 +8,7 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -136,8 +137,11 @@ def test_revisions_history_and_compaction(tmp_path: Path) -> None:
     s.close()
 
 
-def _queued_while_locked(s: VaultStore, batches: list[list[Record]]) -> dict[int, BaseException | None]:
-    """Commit each batch from its own thread while the store lock is held, then release it."""
+def _queued_while_locked(
+    s: VaultStore, batches: list[list[Record]], then: Callable[[], None] | None = None
+) -> dict[int, BaseException | None]:
+    """Commit each batch from its own thread while the store lock is held, run ``then`` (still
+    holding it), then release it."""
     results: dict[int, BaseException | None] = {}
 
     def run(i: int, ops: list[Record]) -> None:
@@ -155,6 +159,8 @@ def _queued_while_locked(s: VaultStore, batches: list[list[Record]]) -> dict[int
         while len(s._queue) < len(batches) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(s._queue) == len(batches)
+        if then is not None:
+            then()
     for t in threads:
         t.join(10)
     return results
@@ -198,26 +204,14 @@ def test_the_lock_holders_batch_is_written_before_the_queued_ones(tmp_path: Path
     r1 = rec("revision one")
     s.commit([r1])
     stale = Record(r1.id, 2, "memory", "t", "built from a stale read", False, (), created=now(), updated=now())
-    result: dict[str, BaseException | None] = {}
 
-    def run() -> None:
-        try:
-            s.commit([stale])
-            result["stale"] = None
-        except BaseException as exc:  # noqa: BLE001 - inspected below
-            result["stale"] = exc
-
-    with s.lock:  # an update: read, then write, under the lock
+    def update() -> None:  # an update: read, then write, under the lock
         current = s.get(r1.id)
-        t = threading.Thread(target=run)
-        t.start()
-        deadline = time.monotonic() + 10
-        while not s._queue and time.monotonic() < deadline:
-            time.sleep(0.005)
         s.commit([Record(r1.id, current.revision + 1, "memory", "t", "the real update", False, (), created=now(), updated=now())])
-    t.join(10)
+
+    result = _queued_while_locked(s, [[stale]], then=update)
     assert s.get(r1.id).body == "the real update"
-    assert isinstance(result["stale"], ValueError)  # the stale writer fails, not the lock holder
+    assert isinstance(result[0], ValueError)  # the stale writer fails, not the lock holder
     s.close()
 
 

@@ -39,6 +39,25 @@ def meta_text(rec: Record) -> str:
     return " ".join(parts)
 
 
+def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
+    """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
+    (the vault's fingerprint subkey), and its searchable title and metadata."""
+    frags = split_fragments(rec.id, rec.revision, rec.body, fp_key)
+    if not frags and rec.title.strip():
+        # A title-only record: one empty fragment so its title and metadata are searchable.
+        frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
+    source = rec.meta.get("path") or None
+    return IndexedDoc(
+        record_id=rec.id,
+        revision=rec.revision,
+        kind=rec.kind,
+        title=rec.title,
+        meta_text=meta_text(rec),
+        source=str(source) if source else None,
+        fragments=tuple(frags),
+    )
+
+
 class VaultIndex:
     """Search state of one unlocked vault (see module docstring). Guarded by ``self.lock``."""
 
@@ -57,20 +76,7 @@ class VaultIndex:
     # ------------------------------------------------------------------ building
 
     def _doc_for(self, rec: Record) -> IndexedDoc:
-        frags = split_fragments(rec.id, rec.revision, rec.body, bytes(self._fp_key))
-        if not frags and rec.title.strip():
-            # A title-only record: one empty fragment so its title and metadata are searchable.
-            frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(bytes(self._fp_key), 0, 0, b""))]
-        source = rec.meta.get("path") or None
-        return IndexedDoc(
-            record_id=rec.id,
-            revision=rec.revision,
-            kind=rec.kind,
-            title=rec.title,
-            meta_text=meta_text(rec),
-            source=str(source) if source else None,
-            fragments=tuple(frags),
-        )
+        return index_doc(rec, bytes(self._fp_key))
 
     def refresh(self) -> bool:
         """Bring the index up to the vault's generation. Returns True when anything changed."""

@@ -111,8 +111,7 @@ def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dic
                 out[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
         return out
     except Exception as exc:
-        reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
-        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, reason)
+        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, _damage_reason(exc))
         return {}
 
 
@@ -124,6 +123,11 @@ def write_spaces(vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *,
 
 class _Damage(Exception):
     """The file is not a readable sidecar of this vault and model (reason is safe to log)."""
+
+
+def _damage_reason(exc: Exception) -> str:
+    """Why a file could not be parsed, safe to log (never its content)."""
+    return str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
 
 
 @dataclass(frozen=True)
@@ -270,23 +274,15 @@ class VectorStore:
         """Every stored vector by entry key. A damaged, truncated or foreign file is
         discarded with a WARNING and gives {}; this never raises."""
         with self._lock:
-            self._state = None
             try:
-                data = self.path.read_bytes()
-            except FileNotFoundError:
-                return {}
+                parsed = self._read_committed()
             except OSError as exc:
                 log.warning("vector cache %s cannot be read (%s); its vectors will be recomputed",
                             self.path.name, exc.strerror)
                 return {}
-            try:
-                self._state, entries = self._parse(data)
-            except Exception as exc:
-                reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
-                log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
-                            self.path.name, reason)
-                self._discard()
+            if parsed is None:
                 return {}
+            self._state, entries = parsed
             return entries
 
     def append(self, entries: Mapping[str, np.ndarray]) -> None:
@@ -334,19 +330,12 @@ class VectorStore:
         file was damaged (then it is discarded, as :meth:`load` does) or missing."""
         with self._lock:
             try:
-                data = self.path.read_bytes()
-            except FileNotFoundError:
-                self._state = None
-                return None
+                parsed = self._read_committed()
             except OSError as exc:
                 raise self._write_error(exc) from exc
-            try:
-                _, entries = self._parse(data)
-            except Exception as exc:
-                reason = str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
-                log.warning("vector cache %s is damaged (%s); discarded", self.path.name, reason)
-                self._discard()
+            if parsed is None:
                 return None
+            entries = parsed[1]
             kept = {k: v for k, v in entries.items() if k in keep}
             if kept:
                 self._rewrite(kept)
@@ -397,6 +386,23 @@ class VectorStore:
                 pass
             raise self._write_error(exc) from exc
         self._state = state
+
+    def _read_committed(self) -> tuple[_State, dict[str, np.ndarray]] | None:
+        """The file's commit state and entries; None when it is missing, or damaged (then it is
+        discarded with a WARNING, its vectors to be recomputed). Read errors propagate. Caller
+        holds the lock."""
+        self._state = None
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return self._parse(data)
+        except Exception as exc:
+            log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
+                        self.path.name, _damage_reason(exc))
+            self._discard()
+            return None
 
     def _discard(self) -> None:
         self._state = None

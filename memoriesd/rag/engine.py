@@ -279,9 +279,7 @@ class RagEngine:
             out["embedding"]["vectors_loaded"] = False
             # Not loaded yet (unlock, restart): count the sealed vectors of live fragments instead.
             identity, dims = self._known_identity()
-            sealed = sealed_status(
-                store, self.config.rag.cache, identity=identity, dims=dims, remote=self.config.rag.embedding.configured
-            )
+            sealed = sealed_status(store, identity=identity, dims=dims, remote=self.config.rag.embedding.configured)
             if sealed is not None:
                 out["embedding"].update(sealed)
         else:

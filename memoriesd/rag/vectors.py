@@ -60,24 +60,25 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 
 
-def live_fragment_keys(store: Any, cache_cfg: Any) -> list[str]:
+def live_fragment_keys(store: Any) -> list[str]:
     """The entry key of every fragment of the vault's live, searchable records (one per fragment),
     computed exactly as the index does (same fragments, same fingerprint subkey); builds no index."""
-    from ..index.caches import VaultIndex
+    from ..index.caches import index_doc
 
-    scratch = VaultIndex(store, cache_cfg)  # holds only the fingerprint subkey until closed
+    fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
     try:
+        key = bytes(fp_key)
         return [
             entry_key(frag.fingerprint, rec.title)
             for rec in store.latest()
             if rec.searchable
-            for frag in scratch._doc_for(rec).fragments
+            for frag in index_doc(rec, key).fragments
         ]
     finally:
-        scratch.close()
+        crypto.wipe(fp_key)
 
 
-def compact_vectors(store: Any, cache_cfg: Any, vault_index: Any = None) -> dict[str, int]:
+def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
     """After the log is compacted: rewrite every sealed sidecar of the vault whose model the space
     list knows so it holds only vectors of live, searchable fragments (deleted records, old revisions
     and old titles go); a sidecar left empty is removed. A sidecar of unknown identity (written
@@ -94,7 +95,7 @@ def compact_vectors(store: Any, cache_cfg: Any, vault_index: Any = None) -> dict
         if space is not None:
             stack.enter_context(space.lock)
         with store.lock:
-            keep = set(live_fragment_keys(store, cache_cfg))  # raises VaultLocked when locked meanwhile
+            keep = set(live_fragment_keys(store))  # raises VaultLocked when locked meanwhile
             sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
             try:
                 spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
@@ -125,7 +126,7 @@ def compact_vectors(store: Any, cache_cfg: Any, vault_index: Any = None) -> dict
     return stats
 
 
-def sealed_status(store: Any, cache_cfg: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
+def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
     """``rag status`` before vectors are loaded: how many live fragments have a sealed vector.
 
     ``identity``/``dims`` are the active embedder's when known without loading a model; else the
@@ -140,7 +141,7 @@ def sealed_status(store: Any, cache_cfg: Any, *, identity: str | None, dims: int
             if not used:
                 if list_sidecars(store.dir):
                     return None  # vectors of an identity this daemon cannot name yet
-                return {"embedded": 0, "total": len(live_fragment_keys(store, cache_cfg)), "vector_bytes": 0}
+                return {"embedded": 0, "total": len(live_fragment_keys(store)), "vector_bytes": 0}
             oid = max(used)[1]
             identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
         else:
@@ -160,7 +161,7 @@ def sealed_status(store: Any, cache_cfg: Any, *, identity: str | None, dims: int
             return None
     finally:
         sealer.wipe()
-    frag_keys = live_fragment_keys(store, cache_cfg)
+    frag_keys = live_fragment_keys(store)
     embedded = sum(1 for k in frag_keys if k in keys)
     out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
     if dims is not None:

@@ -64,8 +64,9 @@ def _remember(app: Any, store: VaultStore, out: dict[str, Any]) -> None:
 
 def vault_info(app: Any, vault_id: str) -> dict[str, Any]:
     store = app.vaults.unlocked_store(vault_id)
-    info: dict[str, Any] = {"vault_id": vault_id, "name": app.vaults.name_of(vault_id), "locked": store is None}
-    if store is None and public_header(app.home.vaults / vault_id) is None:
+    header = public_header(app.home.vaults / vault_id)
+    info: dict[str, Any] = {"vault_id": vault_id, "name": header["name"] if header else vault_id, "locked": store is None}
+    if store is None and header is None:
         info["corrupt"] = True
     if store is not None:
         latest = store.latest()
@@ -182,7 +183,7 @@ def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
         # Sealed vectors are derived from records: drop those of deleted records and old revisions too.
         from ..rag.vectors import compact_vectors
 
-        stats.update(compact_vectors(store, app.config.rag.cache, app.rag.cache.peek(store.vault_id)))
+        stats.update(compact_vectors(store, app.rag.cache.peek(store.vault_id)))
     stats["seconds"] = round(time.perf_counter() - t0, 4)
     stats["vault_id"] = store.vault_id
     return stats
