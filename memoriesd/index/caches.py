@@ -17,6 +17,7 @@ from typing import Any
 from ..config import CacheConfig
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
+from ..vault.live import LiveVault
 from ..vault.records import Record
 from ..vault.store import VaultStore
 from .bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes
@@ -61,8 +62,9 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
 class VaultIndex:
     """Search state of one unlocked vault (see module docstring). Guarded by ``self.lock``."""
 
-    def __init__(self, store: VaultStore, cache_cfg: CacheConfig) -> None:
+    def __init__(self, store: VaultStore, cache_cfg: CacheConfig, on_close: Callable[[], None] | None = None) -> None:
         self.store = store
+        self._on_close = on_close
         self.vault_id = store.vault_id
         self.cache_cfg = cache_cfg
         self.lock = threading.RLock()
@@ -72,15 +74,20 @@ class VaultIndex:
         self.bm25: BM25Index | None = None
         self.vectors: Any = None  # a VectorSpace (see memoriesd.rag.vectors) for the active embedder
         self.source_bytes = 0
+        self.closed = False
 
     # ------------------------------------------------------------------ building
 
     def _doc_for(self, rec: Record) -> IndexedDoc:
+        if getattr(self._fp_key, "wiped", False):
+            raise crypto.KeyWiped("the fingerprint key was wiped (the vault was locked)")
         return index_doc(rec, bytes(self._fp_key))
 
     def refresh(self) -> bool:
         """Bring the index up to the vault's generation. Returns True when anything changed."""
         with self.lock:
+            if self.closed:  # never rebuild plaintext after close (lock, eviction)
+                raise crypto.KeyWiped("the index was closed (the vault was locked)")
             store = self.store
             with store.lock:
                 gen = store.generation
@@ -135,6 +142,7 @@ class VaultIndex:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             if self.bm25 is not None:
                 self.bm25.close()
             self.bm25 = None
@@ -143,47 +151,48 @@ class VaultIndex:
                 self.vectors.close()
             self.vectors = None
             crypto.wipe(self._fp_key)
+        if self._on_close is not None:
+            self._on_close()
 
 
 class IndexCache:
-    """At most ``max_vaults`` vault indexes, least recently used evicted; lock drops a vault's index."""
+    """Which unlocked vaults keep a search index: at most ``max_vaults``, least recently used evicted.
+
+    The index itself belongs to the vault's :class:`~memoriesd.vault.live.LiveVault` (attachment
+    ``"index"``), so lock closes it in the vault's one close order. Eviction *detaches* it: closed
+    at once when that vault has no operation running, else when its last operation ends, so a
+    search or an embedding pass never sees its index closed under it.
+    """
 
     def __init__(self, cache_cfg: CacheConfig) -> None:
         self.cfg = cache_cfg
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, VaultIndex] = OrderedDict()
+        self._items: OrderedDict[str, LiveVault] = OrderedDict()
 
-    def get(self, store: VaultStore, on_new: Callable[[VaultIndex], None] | None = None) -> VaultIndex:
-        evicted: list[VaultIndex] = []
+    def get(self, live: LiveVault) -> VaultIndex:
+        """The vault's index (built empty on first use; ``vault_locked`` once it is closing)."""
+
+        def forget() -> None:
+            with self._lock:
+                if self._items.get(live.vault_id) is live:
+                    del self._items[live.vault_id]
+
+        idx = live.attachment(INDEX, lambda: VaultIndex(live.store, self.cfg, on_close=forget))
+        victims: list[LiveVault] = []
         with self._lock:
-            idx = self._items.get(store.vault_id)
-            if idx is not None and idx.store is not store:  # relocked and unlocked: a new store
-                evicted.append(idx)
-                idx = None
-            if idx is None:
-                idx = VaultIndex(store, self.cfg)
-                if on_new is not None:
-                    on_new(idx)
-                self._items[store.vault_id] = idx
-            self._items.move_to_end(store.vault_id)
-            while len(self._items) > self.cfg.max_vaults:
+            self._items[live.vault_id] = live
+            self._items.move_to_end(live.vault_id)
+            while len(self._items) > max(1, self.cfg.max_vaults):
                 _, old = self._items.popitem(last=False)
-                evicted.append(old)
-        for old in evicted:
-            log.info("index of vault %s evicted from the cache", old.vault_id)
-            old.close()
+                victims.append(old)
+        for old in victims:
+            closed = old.detach(INDEX)
+            log.info("index of vault %s evicted from the cache%s", old.vault_id, "" if closed else " (closes when idle)")
         return idx
-
-    def peek(self, vault_id: str) -> VaultIndex | None:
-        with self._lock:
-            return self._items.get(vault_id)
-
-    def drop(self, vault_id: str) -> None:
-        with self._lock:
-            idx = self._items.pop(vault_id, None)
-        if idx is not None:
-            idx.close()
 
     def cached_ids(self) -> list[str]:
         with self._lock:
             return list(self._items)
+
+
+INDEX = "index"

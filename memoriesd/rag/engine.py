@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, VaultLocked
-from ..index.caches import IndexCache, VaultIndex
+from ..index.caches import INDEX, IndexCache, VaultIndex
 from ..vault.store import VaultStore
 from .vectors import VectorSpace, sealed_status
 
@@ -35,7 +35,6 @@ class RagEngine:
         self.config = app.config
         self.home = app.home
         self.cache = IndexCache(self.config.rag.cache)
-        app.vaults.on_lock(self.cache.drop)
         self._embed_lock = threading.Lock()  # one embedding computation at a time
         self._local: Any = None
         self._local_dir: Path | None = None
@@ -137,24 +136,37 @@ class RagEngine:
     # ------------------------------------------------------------------ indexes
 
     def vault_index(self, store: VaultStore) -> VaultIndex:
-        """The refreshed search state of an unlocked vault (built on first use)."""
+        """The refreshed search state of an unlocked vault (built on first use).
+
+        The caller holds a lease on the vault (``VaultManager.use``): the index belongs to the
+        vault's owner and is never closed under a leased operation.
+        """
         self._ensure_segmentation()
-        idx = self.cache.get(store)
+        live = self.app.vaults.live_of(store)
+        idx = self.cache.get(live)
         with idx.lock:
-            if store.closed:
+            if not live.is_open:
                 raise VaultLocked(f"vault {store.name} is locked: run `memories vault unlock {store.name}`")
             idx.refresh()
         return idx
 
+    def peek_index(self, store: VaultStore) -> VaultIndex | None:
+        """The vault's index if one is built (builds nothing)."""
+        live = self.app.vaults.live(store.vault_id)
+        if live is None or live.store is not store:
+            return None
+        idx = live.peek(INDEX)
+        return idx if isinstance(idx, VaultIndex) else None
+
     def vector_space(self, store: VaultStore, idx: VaultIndex, embedder: Any) -> VectorSpace:
         """Attach (or reuse) the vectors of ``embedder`` to ``idx``."""
+        dims = embedder.dimensions
+        if dims is None:  # a remote service of unknown width: learn it from one query (not under the index lock)
+            self.check_remote_policy(store, embedder.url, "embedding")
+            embedder.embed_queries(["dimension probe"])
+            dims = embedder.dimensions
         with idx.lock:
             space = idx.vectors
-            dims = embedder.dimensions
-            if dims is None:  # a remote service of unknown width: learn it from one query
-                self.check_remote_policy(store, embedder.url, "embedding")
-                embedder.embed_queries(["dimension probe"])
-                dims = embedder.dimensions
             if space is None or space.identity != embedder.identity:
                 if space is not None:
                     space.close()
@@ -183,12 +195,14 @@ class RagEngine:
         check = self.operation_check(store, ctx)
 
         def embed_fn(items: list[tuple[str | None, str]]) -> np.ndarray:
-            if getattr(embedder, "url", None):
-                return np.asarray(embedder.embed_documents(items, before_attempt=check))
-            return np.asarray(embedder.embed_documents(items))
+            # The embedding lock is taken per batch, not per pass: a long `rag index` lets the
+            # query embedding of a search (or another vault's batch) in between its batches.
+            with self._embed_lock:
+                if getattr(embedder, "url", None):
+                    return np.asarray(embedder.embed_documents(items, before_attempt=check))
+                return np.asarray(embedder.embed_documents(items))
 
-        with self._embed_lock:
-            return space.embed(idx, frag_ids, embed_fn, check=check, deadline=deadline, on_batch=progress)
+        return space.embed(idx, frag_ids, embed_fn, check=check, deadline=deadline, on_batch=progress)
 
     @staticmethod
     def operation_check(store: VaultStore, ctx: Any) -> Callable[[], None]:
@@ -215,7 +229,7 @@ class RagEngine:
     # ------------------------------------------------------------------ status
 
     def status(self, store: VaultStore) -> dict[str, Any]:
-        idx = self.cache.peek(store.vault_id)
+        idx = self.peek_index(store)
         cards = [r for r in store.latest() if r.kind == "card"]
         searchable = [r for r in store.latest() if r.searchable]
         if idx is None or idx.bm25 is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,9 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         if not pending:
             return
         ctx.check_cancelled()
-        store.commit([r for r, _, _ in pending])
+        with store.lock:  # re-based on the current revisions, written in the same critical section
+            pending = [(_rebase(store, rec), status, shown) for rec, status, shown in pending]
+            store.commit([r for r, _, _ in pending])
         for rec, status, shown in pending:
             if status == "added":
                 report.added += 1
@@ -171,6 +173,19 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         report.pruned = len(gone)
     ctx.send_progress({"done": total, "total": total, "durable": []})
     return report
+
+
+def _rebase(store: VaultStore, rec: Record) -> Record:
+    """``rec`` as the next revision of its card as the vault holds it now.
+
+    The card may have changed since the ingest read it (``memory update``, a delete, a tag): the
+    file's content is what the ingest writes, as the revision after the current one.
+    Caller holds ``store.lock``.
+    """
+    current = store.records.get(rec.id)
+    if not current or current[-1].revision == rec.revision - 1:
+        return rec
+    return replace(rec, revision=current[-1].revision + 1)
 
 
 def _relative(path: Path, dir_roots: list[Path]) -> str:

@@ -102,6 +102,14 @@ class Context:
     grant: Any = None  # a Grant when the connection presented one (MCP)
     # Extra checks run by check_cancelled(): each raises (e.g. Cancelled, VaultLocked) to stop work.
     checks: list[Callable[[], None]] = field(default_factory=list)
+    # Releases of the vault leases this request took (see VaultManager.use); run when it ends.
+    leases: list[Callable[[], None]] = field(default_factory=list)
+
+    def release(self) -> None:
+        """End of the request: give back every vault lease it holds."""
+        while self.leases:
+            self.leases.pop()()
+        self.checks.clear()
 
     def check_cancelled(self) -> None:
         """Raise if the work should stop: the client went away, or a registered check fails."""

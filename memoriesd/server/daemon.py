@@ -38,8 +38,10 @@ from ..errors import (  # noqa: E402
     MemoriesError,
     ProtocolError,
     UnknownMethod,
+    VaultLocked,
 )
 from ..home import Home, resolve_home  # noqa: E402
+from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
 from . import protocol  # noqa: E402
 from .context import Context, Params  # noqa: E402
@@ -112,11 +114,16 @@ class App:
         handler = HANDLERS.get(method)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}: the CLI and daemon versions may differ")
-        if ctx.grant is None:
-            return handler(self, ctx)
-        from .grants import run_granted  # noqa: PLC0415
+        try:
+            if ctx.grant is None:
+                return handler(self, ctx)
+            from .grants import run_granted  # noqa: PLC0415
 
-        return run_granted(self, ctx, method, handler)
+            return run_granted(self, ctx, method, handler)
+        except KeyWiped as exc:  # the vault was locked under the operation (past the drain bound)
+            raise VaultLocked("the vault was locked during the operation: unlock it and run the command again") from exc
+        finally:
+            ctx.release()
 
 
 class Connection:

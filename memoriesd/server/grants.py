@@ -353,7 +353,7 @@ def _grants_of(store: VaultStore) -> list[dict[str, Any]]:
 @method("grant.create")
 def grant_create(app: Any, ctx: Context) -> dict[str, Any]:
     p = ctx.params
-    store = app.vaults.store(p.text("vault", allow_empty=False))
+    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
     scopes = p.texts("scopes", list(DEFAULT_SCOPES))
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
@@ -397,10 +397,8 @@ def grant_list(app: Any, ctx: Context) -> dict[str, Any]:
     grants: list[dict[str, Any]] = []
     locked: list[str] = []
     for vid in ids:
-        store = app.vaults.unlocked_store(vid)
+        store = app.vaults.use(vid, ctx) if ref else app.vaults.try_use(vid, ctx)
         if store is None:
-            if ref:
-                app.vaults.store(vid)  # raises the usual "locked: run `memories vault unlock`"
             locked.append(vid)
             continue
         grants.extend(_grant_view(vid, rec, uses) for rec in _grants_of(store))
@@ -412,7 +410,7 @@ def grant_list(app: Any, ctx: Context) -> dict[str, Any]:
 def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     if p.flag("all", False):
-        store = app.vaults.store(p.text("vault", allow_empty=False))
+        store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
         with store.lock:  # read and delete together: a grant in use cannot be written back between
             ids = sorted(str(r["id"]) for r in _grants_of(store))
             store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
@@ -421,7 +419,7 @@ def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
     grant_id = p.text("grant_id", allow_empty=False, max_len=64)
     locked = False
     for v in app.vaults.list_vaults():
-        store = app.vaults.unlocked_store(v["vault_id"])
+        store = app.vaults.try_use(v["vault_id"], ctx)
         if store is None:
             locked = True
             continue

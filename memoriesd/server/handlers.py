@@ -110,6 +110,7 @@ def vault_create(app: Any, ctx: Context) -> dict[str, Any]:
         store = app.vaults.create(name, pw)
     finally:
         _wipe(pw)
+    store = app.vaults.use(store.vault_id, ctx)  # a lease: a lock from now on waits for this request
     out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "notices": []}
     if device_only:
         store.commit([Setting("policy.device_only", True)])
@@ -143,7 +144,7 @@ def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
         _wipe(pw)
     out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "locked": False, "notices": []}
     if remember:
-        _remember(app, store, out)
+        _remember(app, app.vaults.use(store.vault_id, ctx), out)
     return out
 
 
@@ -176,14 +177,14 @@ def vault_delete(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.compact")
 def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
     t0 = time.perf_counter()
     stats: dict[str, Any] = dict(store.compact(app.config.vault.keep_revisions))
     if app.rag is not None:
         # Sealed vectors are derived from records: drop those of deleted records and old revisions too.
         from ..rag.vectors import compact_vectors
 
-        stats.update(compact_vectors(store, app.rag.cache.peek(store.vault_id)))
+        stats.update(compact_vectors(store, app.rag.peek_index(store)))
     stats["seconds"] = round(time.perf_counter() - t0, 4)
     stats["vault_id"] = store.vault_id
     return stats
@@ -191,7 +192,7 @@ def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.policy")
 def vault_policy(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
     device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
@@ -220,7 +221,7 @@ def _check_body(body: str) -> None:
 
 
 def _store_for_write(app: Any, ctx: Context) -> VaultStore:
-    return app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
 @method("memory.add")
@@ -256,7 +257,7 @@ def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.read")
 def memory_read(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
     rec = store.get(ctx.params.text("id", allow_empty=False), ctx.params.integer("revision", None, lo=1))
     out = rec.full()
     if rec.kind == "file" and ctx.params.flag("with_data", False):
@@ -266,7 +267,7 @@ def memory_read(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.history")
 def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
     revs = store.history(ctx.params.text("id", allow_empty=False))
     return {
         "id": revs[0].id,
@@ -278,7 +279,7 @@ def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.list")
 def memory_list(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
     kind = ctx.params.choice("kind", KINDS, None)
     recs = [r for r in store.latest() if kind is None or r.kind == kind]
     recs.sort(key=lambda r: (-r.updated, r.id))

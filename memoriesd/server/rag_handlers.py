@@ -21,7 +21,7 @@ def _engine(app: Any) -> RagEngine:
 
 
 def _store(app: Any, ctx: Context) -> VaultStore:
-    return app.vaults.store(ctx.params.text("vault", allow_empty=False))
+    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
 def _search_request(ctx: Context, *, query_key: str = "query", default_limit: int = 10) -> SearchRequest:
@@ -135,7 +135,9 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
         text=p.text("text", None),
     )
     max_bytes = int(app.config.rag.max_document_mib * 1024 * 1024)
-    return run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
+    # One ingest at a time per vault: two ingests of one folder must not make two cards of a file.
+    with app.vaults.live_of(store).mutex("ingest"):
+        return run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
 
 
 @method("rag.status")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac as _hmac
 import os
+import threading
 from hashlib import sha256
 
 from cryptography.exceptions import InvalidTag
@@ -44,24 +45,49 @@ class CryptoFailure(Exception):
     """Opaque: a sealed blob did not open (wrong key, wrong associated data, or damage)."""
 
 
+class KeyWiped(Exception):
+    """A key was used after it was wiped (its vault was locked): nothing was sealed or opened.
+
+    The daemon answers it as ``vault_locked``. Without this, a wiped key is 32 zero bytes and
+    would still seal (see SECURITY.md, "What is wiped").
+    """
+
+
+class Secret(bytearray):
+    """Key material that refuses use once :func:`wipe` has overwritten it."""
+
+    wiped = False
+
+
+def _usable(key: bytes | bytearray) -> None:
+    if getattr(key, "wiped", False):
+        raise KeyWiped("the key was wiped (its vault was locked)")
+
+
+# Two Argon2id derivations at once in threads (cryptography 50, lanes=4) never return on some
+# machines, and no later one does either: every derivation in the process takes this lock.
+_KDF_LOCK = threading.Lock()
+
+
 def random_bytes(n: int) -> bytes:
     return os.urandom(n)
 
 
-def new_key() -> bytearray:
-    return bytearray(os.urandom(KEY_BYTES))
+def new_key() -> Secret:
+    return Secret(os.urandom(KEY_BYTES))
 
 
 def wipe(buf: bytearray | None) -> None:
-    """Overwrite a secret in place."""
+    """Overwrite a secret in place; a :class:`Secret` refuses every later use."""
     if buf is None:
         return
-    for i in range(len(buf)):
-        buf[i] = 0
+    buf[:] = bytes(len(buf))
+    if isinstance(buf, Secret):
+        buf.wiped = True
 
 
 def derive_kek(passphrase: bytes | bytearray, salt: bytes, *, memory_kib: int, iterations: int, lanes: int) -> bytearray:
-    """Key-encryption key from a passphrase with Argon2id."""
+    """Key-encryption key from a passphrase with Argon2id; one derivation at a time per process."""
     if len(salt) != SALT_BYTES:
         raise CryptoFailure("bad salt")
     kdf = Argon2id(
@@ -71,19 +97,22 @@ def derive_kek(passphrase: bytes | bytearray, salt: bytes, *, memory_kib: int, i
         lanes=lanes,
         memory_cost=memory_kib,
     )
-    return bytearray(kdf.derive(bytes(passphrase)))
+    with _KDF_LOCK:
+        return Secret(kdf.derive(bytes(passphrase)))
 
 
 def subkey(master: bytes | bytearray, label: bytes, *, context: bytes = b"") -> bytearray:
     """A purpose-labelled subkey of ``master`` (HKDF-SHA256)."""
+    _usable(master)
     if len(master) != KEY_BYTES:
         raise CryptoFailure("bad key length")
     hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=label + b"|" + context)
-    return bytearray(hkdf.derive(bytes(master)))
+    return Secret(hkdf.derive(bytes(master)))
 
 
 def seal(key: bytes | bytearray, plaintext: bytes, aad: bytes) -> bytes:
     """``nonce || ciphertext || tag`` of ``plaintext`` bound to ``aad``."""
+    _usable(key)
     if len(key) != KEY_BYTES:
         raise CryptoFailure("bad key length")
     nonce = os.urandom(NONCE_BYTES)
@@ -92,6 +121,7 @@ def seal(key: bytes | bytearray, plaintext: bytes, aad: bytes) -> bytes:
 
 def open_sealed(key: bytes | bytearray, blob: bytes, aad: bytes) -> bytes:
     """Inverse of :func:`seal`. Any failure (length, type, tag) is one :class:`CryptoFailure`."""
+    _usable(key)
     if not isinstance(blob, (bytes, bytearray, memoryview)) or len(key) != KEY_BYTES:
         raise CryptoFailure("cannot open")
     blob = bytes(blob)
@@ -104,6 +134,7 @@ def open_sealed(key: bytes | bytearray, blob: bytes, aad: bytes) -> bytes:
 
 
 def mac(key: bytes | bytearray, data: bytes) -> bytes:
+    _usable(key)
     return _hmac.new(bytes(key), data, sha256).digest()
 
 

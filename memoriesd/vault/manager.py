@@ -1,21 +1,28 @@
 """All vaults of a home: which exist, which are unlocked, idle tracking, unlock slow-down, keyring.
 
-Unlocked state lives only here, in daemon memory. Locking calls every registered lock listener
-(index caches, in-flight operations) so nothing derived survives the key.
+Unlocked state lives only here, in daemon memory, one :class:`~memoriesd.vault.live.LiveVault` per
+unlocked vault. Operations take a lease on it (:meth:`VaultManager.use`); lock, auto-lock, delete
+and shutdown close it in one order (see :mod:`memoriesd.vault.live`), so nothing derived survives
+the key.
+
+Per vault, one *gate* (an exclusive lock) serialises what opens, closes or re-keys it: unlock
+(which runs crash recovery while nothing else has the vault open), lock, passwd and delete. A
+wrong passphrase slows the next attempt on that vault; the attempts queue behind the gate, so
+parallel guesses wait one after another, and the count survives a daemon restart.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import shutil
 import threading
 import time
 import unicodedata
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import Config
 from ..errors import (
@@ -24,24 +31,22 @@ from ..errors import (
     MemoriesError,
     UsageError,
     VaultAmbiguous,
+    VaultCorrupt,
     VaultExists,
     VaultLocked,
     VaultNotFound,
 )
 from ..home import Home
 from . import crypto
-from .format import HEADER_NAME
+from .format import HEADER_NAME, atomic_write, read_header
+from .live import LiveVault, locked_error
 from .records import new_record_id
-from .store import KdfParams, VaultStore, public_header
+from .store import KdfParams, VaultStore, public_header, unwrap_key
 
 log = logging.getLogger("memoriesd.vault")
 KEYRING_SERVICE = "memories-vault"
-
-
-@dataclass
-class _Unlocked:
-    store: VaultStore
-    last_used: float
+FAILURES_NAME = "unlock-failures"  # wrong-passphrase count (a plain integer: not secret)
+T = TypeVar("T")
 
 
 def validate_name(name: str) -> str:
@@ -56,9 +61,10 @@ class VaultManager:
         self.home = home
         self.config = config
         self._lock = threading.RLock()
-        self._unlocked: dict[str, _Unlocked] = {}
-        self._failures: dict[str, int] = {}
+        self._unlocked: dict[str, LiveVault] = {}
+        self._gates: dict[str, threading.Lock] = {}
         self._listeners: list[Callable[[str], None]] = []
+        self.drain_seconds = 60.0  # how long a lock waits for in-flight operations
 
     # ------------------------------------------------------------------ discovery
 
@@ -78,7 +84,7 @@ class VaultManager:
                         continue  # not a vault (or a creation that never wrote its header)
                     # A damaged header: still listed, so that unlock says vault_corrupt, not "no vault".
                     info = {"vault_id": d.name, "name": d.name, "corrupt": True}
-                info["locked"] = self.unlocked_store(info["vault_id"]) is None
+                info["locked"] = self.live(info["vault_id"]) is None
                 out.append(info)
         return sorted(out, key=lambda v: (v["name"].casefold(), v["vault_id"]))
 
@@ -101,6 +107,78 @@ class VaultManager:
         info = public_header(self.home.vaults / vault_id)
         return info["name"] if info else vault_id
 
+    # ------------------------------------------------------------------ live vaults and leases
+
+    def live(self, vault_id: str) -> LiveVault | None:
+        """The open owner of an unlocked vault (None when locked or closing)."""
+        with self._lock:
+            entry = self._unlocked.get(vault_id)
+        return entry if entry is not None and entry.is_open else None
+
+    def live_of(self, store: VaultStore) -> LiveVault:
+        """The open owner of ``store``, or ``vault_locked`` (the store was locked, maybe re-unlocked)."""
+        entry = self.live(store.vault_id)
+        if entry is None or entry.store is not store:
+            raise locked_error(store.name)
+        return entry
+
+    def use(self, ref: str, ctx: Any) -> VaultStore:
+        """The unlocked store for ``ref`` under a lease held until the request ``ctx`` ends.
+
+        While the lease is held the vault cannot finish closing; once it starts closing,
+        ``ctx.check_cancelled()`` raises ``cancelled`` so long operations stop between steps.
+        """
+        vault_id = self.resolve(ref)
+        entry = self.live(vault_id)
+        if entry is None:
+            raise locked_error(self.name_of(vault_id))
+        entry.acquire()
+        ctx.leases.append(entry.release)
+        ctx.checks.append(entry.check)
+        return entry.store
+
+    def try_use(self, vault_id: str, ctx: Any) -> VaultStore | None:
+        """Like :meth:`use` for a vault id, or None when it is locked."""
+        entry = self.live(vault_id)
+        if entry is None:
+            return None
+        try:
+            entry.acquire()
+        except VaultLocked:
+            return None
+        ctx.leases.append(entry.release)
+        ctx.checks.append(entry.check)
+        return entry.store
+
+    def unlocked_store(self, vault_id: str) -> VaultStore | None:
+        """The store of an unlocked vault, without a lease: for a glance (status), not for work."""
+        entry = self.live(vault_id)
+        return entry.store if entry is not None else None
+
+    def store(self, ref: str) -> VaultStore:
+        """The unlocked store for ``ref`` without a lease (outside requests: tests, tools)."""
+        vault_id = self.resolve(ref)
+        entry = self.live(vault_id)
+        if entry is None:
+            raise locked_error(self.name_of(vault_id))
+        entry.last_used = time.monotonic()
+        return entry.store
+
+    @contextlib.contextmanager
+    def _gate(self, vault_id: str) -> Iterator[None]:
+        with self._lock:
+            gate = self._gates.setdefault(vault_id, threading.Lock())
+        with gate:
+            yield
+
+    def _register(self, store: VaultStore) -> LiveVault:
+        entry = LiveVault(store)
+        for listener in list(self._listeners):
+            entry.on_close(lambda lv, fn=listener: fn(lv.vault_id))  # type: ignore[misc]
+        with self._lock:
+            self._unlocked[store.vault_id] = entry
+        return entry
+
     # ------------------------------------------------------------------ lifecycle
 
     def create(self, name: str, passphrase: bytearray) -> VaultStore:
@@ -112,59 +190,101 @@ class VaultManager:
                 raise VaultExists(f"a vault named {name} already exists: choose another name")
             vault_id = new_record_id()[:12]
             store = VaultStore.create(self.home.vaults / vault_id, vault_id, name, passphrase, self.kdf())
-            self._unlocked[vault_id] = _Unlocked(store, time.monotonic())
+            self._register(store)
             log.info("vault %s created", vault_id)
             return store
 
     def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:
         vault_id = self.resolve(ref)
-        with self._lock:
-            current = self._unlocked.get(vault_id)
+        vault_dir = self.home.vaults / vault_id
+        with self._gate(vault_id):
+            current = self.live(vault_id)
             if current is not None:
+                if passphrase is not None:
+                    # Already unlocked: a wrong passphrase is still wrong (and still slows the next try).
+                    self._check_passphrase(vault_id, current, passphrase)
                 current.last_used = time.monotonic()
                 return current.store
-        vault_dir = self.home.vaults / vault_id
-        if passphrase is None:
-            key = self._keyring_get(vault_id)
-            if key is None:
-                raise BadPassphrase(
-                    f"vault {self.name_of(vault_id)} needs its passphrase (none is remembered): "
-                    "pass --passphrase-stdin or --passphrase-file, or run the command in a terminal",
-                    code="passphrase_required",
-                )
-            store = VaultStore.open(vault_dir, key=key)
-        else:
-            failures = self._failures.get(vault_id, 0)
-            if failures:
-                v = self.config.vault
-                time.sleep(min(v.unlock_delay_step_ms * failures, v.unlock_delay_max_ms) / 1000.0)
-            try:
-                store = VaultStore.open(vault_dir, passphrase=passphrase)
-            except BadPassphrase:
-                self._failures[vault_id] = failures + 1
-                log.info("vault %s: wrong passphrase (failure %d)", vault_id, failures + 1)
-                raise
-            self._failures.pop(vault_id, None)
-        with self._lock:
-            existing = self._unlocked.get(vault_id)
-            if existing is not None:  # another unlock won the race
-                store.close()
-                return existing.store
-            self._unlocked[vault_id] = _Unlocked(store, time.monotonic())
+            if passphrase is None:
+                key = self._keyring_get(vault_id)
+                if key is None:
+                    raise BadPassphrase(
+                        f"vault {self.name_of(vault_id)} needs its passphrase (none is remembered): "
+                        "pass --passphrase-stdin or --passphrase-file, or run the command in a terminal",
+                        code="passphrase_required",
+                    )
+                store = VaultStore.open(vault_dir, key=key)  # crash recovery runs here, under the gate
+            else:
+                store = self._slowed(vault_id, lambda: VaultStore.open(vault_dir, passphrase=passphrase))
+            self._register(store)
         log.info("vault %s unlocked", vault_id)
         return store
 
+    def _check_passphrase(self, vault_id: str, entry: LiveVault, passphrase: bytearray) -> None:
+        header = read_header(self.home.vaults / vault_id, entry.name)
+        key = self._slowed(vault_id, lambda: unwrap_key(header, passphrase))
+        try:
+            if not crypto.mac_equal(bytes(key), bytes(entry.store.key)):
+                raise BadPassphrase(f"wrong passphrase for vault {entry.name}: try again")
+        finally:
+            crypto.wipe(key)
+
+    # -------------------------------------------------------------- wrong-passphrase slow-down
+
+    def _failures(self, vault_id: str) -> int:
+        try:
+            return max(0, min(int((self.home.vaults / vault_id / FAILURES_NAME).read_text("ascii").strip()), 1_000_000))
+        except (OSError, ValueError):
+            return 0
+
+    def _set_failures(self, vault_id: str, n: int) -> None:
+        path = self.home.vaults / vault_id / FAILURES_NAME
+        try:
+            if n:
+                atomic_write(path, f"{n}\n".encode("ascii"))
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("vault %s: cannot record the failed-unlock count (%s)", vault_id, exc.strerror)
+
+    def _slowed(self, vault_id: str, attempt: Callable[[], T]) -> T:
+        """Run a passphrase check after the delay earned by earlier failures. Callers hold the
+        vault's gate, so parallel attempts wait one after another."""
+        failures = self._failures(vault_id)
+        if failures:
+            v = self.config.vault
+            time.sleep(min(v.unlock_delay_step_ms * failures, v.unlock_delay_max_ms) / 1000.0)
+        try:
+            result = attempt()
+        except BadPassphrase:
+            self._set_failures(vault_id, failures + 1)
+            log.info("vault %s: wrong passphrase (failure %d)", vault_id, failures + 1)
+            raise
+        if failures:
+            self._set_failures(vault_id, 0)
+        return result
+
+    # ------------------------------------------------------------------ closing
+
     def lock(self, vault_id: str, reason: str = "lock") -> bool:
+        """Close an unlocked vault: no new work, in-flight work cancelled or finished, then wipe.
+
+        Returns once every key of the vault is wiped; False when it was not unlocked.
+        """
+        with self._gate(vault_id):
+            return self._close(vault_id, reason)
+
+    def _close(self, vault_id: str, reason: str) -> bool:
         with self._lock:
-            entry = self._unlocked.pop(vault_id, None)
-        if entry is None:
-            return False
-        for listener in list(self._listeners):
-            try:
-                listener(vault_id)
-            except Exception:  # a listener must never keep a key alive
-                log.exception("lock listener failed")
-        entry.store.close()
+            entry = self._unlocked.get(vault_id)
+            if entry is None or not entry.begin_close():
+                return False
+        try:
+            entry.finish_close(self.drain_seconds)
+        finally:
+            with self._lock:
+                if self._unlocked.get(vault_id) is entry:
+                    del self._unlocked[vault_id]
         log.info("vault %s locked (%s)", vault_id, reason)
         return True
 
@@ -174,23 +294,12 @@ class VaultManager:
         return [v for v in ids if self.lock(v, reason)]
 
     def on_lock(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(vault_id)`` when a vault closes: after its in-flight work, before its keys are wiped."""
         self._listeners.append(listener)
-
-    def unlocked_store(self, vault_id: str) -> VaultStore | None:
         with self._lock:
-            entry = self._unlocked.get(vault_id)
-            return entry.store if entry else None
-
-    def store(self, ref: str) -> VaultStore:
-        """The unlocked store for ``ref`` (touching its idle timer) or ``vault_locked``."""
-        vault_id = self.resolve(ref)
-        with self._lock:
-            entry = self._unlocked.get(vault_id)
-            if entry is None:
-                name = self.name_of(vault_id)
-                raise VaultLocked(f"vault {name} is locked: run `memories vault unlock {name}`")
-            entry.last_used = time.monotonic()
-            return entry.store
+            entries = list(self._unlocked.values())
+        for entry in entries:
+            entry.on_close(lambda lv, fn=listener: fn(lv.vault_id))  # type: ignore[misc]
 
     def expire_idle(self) -> list[str]:
         minutes = self.config.daemon.auto_lock_minutes
@@ -199,35 +308,54 @@ class VaultManager:
         limit = minutes * 60.0
         now = time.monotonic()
         with self._lock:
-            idle = [vid for vid, e in self._unlocked.items() if now - e.last_used >= limit]
+            idle = [vid for vid, e in self._unlocked.items() if e.is_open and not e.leases and now - e.last_used >= limit]
         return [v for v in idle if self.lock(v, "auto-lock")]
 
     def delete(self, ref: str) -> str:
         vault_id = self.resolve(ref)
-        self.lock(vault_id, "delete")
-        self._keyring_delete(vault_id)
-        shutil.rmtree(self.home.vaults / vault_id)
+        with self._gate(vault_id):
+            self._close(vault_id, "delete")
+            self._keyring_delete(vault_id)
+            shutil.rmtree(self.home.vaults / vault_id)
         log.info("vault %s deleted", vault_id)
         return vault_id
 
     def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
+        """New passphrase. Never opens a second store on the vault: the header is re-wrapped with
+        the key of the live store, or (locked) with the key the old passphrase unwraps."""
         vault_id = self.resolve(ref)
         if not new:
             raise UsageError("the new passphrase is empty: choose a passphrase")
-        # Verify the old passphrase against the header even when the vault is unlocked.
-        probe = VaultStore.open(self.home.vaults / vault_id, passphrase=old)
-        try:
-            store = self.unlocked_store(vault_id) or probe
-            store.rewrap(new, self.kdf())
-        finally:
-            if probe is not self.unlocked_store(vault_id):
-                probe.close()
+        vault_dir = self.home.vaults / vault_id
+        with self._gate(vault_id):
+            header = read_header(vault_dir, self.name_of(vault_id))
+            key = self._slowed(vault_id, lambda: unwrap_key(header, old))
+            try:
+                entry = self.live(vault_id)
+                if entry is not None:
+                    with entry.use() as store:
+                        store.rewrap(new, self.kdf())
+                else:
+                    if not header.verify_mac(key):
+                        raise VaultCorrupt(
+                            f"vault {header.name} is damaged (its header was altered): restore the vault directory from a backup"
+                        )
+                    # A store object that only re-wraps: it reads no log and recovers nothing.
+                    offline = VaultStore(vault_dir, header, bytearray(key))
+                    try:
+                        offline.rewrap(new, self.kdf())
+                    finally:
+                        offline.close()
+            finally:
+                crypto.wipe(key)
         log.info("vault %s passphrase changed", vault_id)
 
     # ------------------------------------------------------------------ keyring
 
     def remember(self, store: VaultStore) -> None:
         """Keep the vault key in the OS keyring so unlock needs no passphrase."""
+        if getattr(store.key, "wiped", False):
+            raise VaultLocked(f"vault {store.name} was locked: unlock it again")
         try:
             import keyring
             import keyring.errors

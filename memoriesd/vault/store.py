@@ -108,6 +108,9 @@ class VaultStore:
         self.dir = vault_dir
         self.header = header
         self.vault_id = header.vault_id
+        if not isinstance(key, crypto.Secret):  # a Secret refuses use once wiped (lock)
+            key, plain = crypto.Secret(key), key
+            crypto.wipe(plain)
         self.key = key
         self.lock = threading.RLock()
         self._queue_lock = threading.Lock()

@@ -1,0 +1,211 @@
+"""The one owner of an unlocked vault: its store, what is derived from it, and its keys.
+
+A :class:`LiveVault` exists from unlock (or create) to lock. Everything that holds plaintext or
+key material for the vault hangs off it: the :class:`~memoriesd.vault.store.VaultStore` (records
+and the vault key) and *attachments* (the search index with its vectors and subkeys), each built
+only while the vault is open.
+
+Lifecycle: ``open`` → ``closing`` → ``closed``, one way. Every operation on the vault holds a
+*lease* (:meth:`LiveVault.acquire` / :meth:`LiveVault.release`, or :meth:`LiveVault.use`). Closing
+(lock, auto-lock, delete, shutdown) follows one order:
+
+1. stop new work: no new lease, no new attachment (``vault_locked``);
+2. cancel in-flight work: :meth:`check` raises ``cancelled`` at the next step of a long operation,
+   then wait until every lease is released (bounded by ``drain_seconds``);
+3. run the close hooks (flush what must be written while the key is still valid);
+4. close the attachments, newest first (indexes drop plaintext, sealers wipe subkeys);
+5. close the store: wipe the vault key last.
+
+A key used after it was wiped raises :class:`~memoriesd.vault.crypto.KeyWiped` instead of sealing
+under zeros, so even an operation that outlives the drain bound can neither read nor write.
+An attachment can also be *detached* alone (index eviction): it closes at once when the vault has
+no lease, else when the last lease is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+from ..errors import Cancelled, VaultLocked
+from .store import VaultStore
+
+log = logging.getLogger("memoriesd.vault")
+
+OPEN, CLOSING, CLOSED = "open", "closing", "closed"
+DRAIN_SECONDS = 60.0
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+T = TypeVar("T", bound=Closeable)
+
+
+def locked_error(name: str) -> VaultLocked:
+    return VaultLocked(f"vault {name} is locked: run `memories vault unlock {name}`")
+
+
+class LiveVault:
+    """An unlocked vault and everything derived from it (see the module docstring)."""
+
+    def __init__(self, store: VaultStore) -> None:
+        self.store = store
+        self.vault_id = store.vault_id
+        self.name = store.name
+        self.state = OPEN
+        self.last_used = time.monotonic()
+        self._cond = threading.Condition(threading.Lock())
+        self._leases = 0
+        self._attachments: dict[str, Closeable] = {}
+        self._detach_when_idle: set[str] = set()
+        self._close_hooks: list[Callable[[LiveVault], None]] = []
+        self._mutexes: dict[str, threading.Lock] = {}
+
+    # ------------------------------------------------------------------ leases
+
+    @property
+    def leases(self) -> int:
+        with self._cond:
+            return self._leases
+
+    def acquire(self) -> None:
+        """Take a lease, or ``vault_locked`` when the vault is closing or closed."""
+        with self._cond:
+            if self.state != OPEN:
+                raise locked_error(self.name)
+            self._leases += 1
+            self.last_used = time.monotonic()
+
+    def release(self) -> None:
+        idle: list[Closeable] = []
+        with self._cond:
+            self._leases -= 1
+            self.last_used = time.monotonic()
+            if self._leases == 0:
+                idle = [self._attachments.pop(n) for n in sorted(self._detach_when_idle) if n in self._attachments]
+                self._detach_when_idle.clear()
+                self._cond.notify_all()
+        for item in idle:
+            _close_quietly(item, self.vault_id)
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[VaultStore]:
+        self.acquire()
+        try:
+            yield self.store
+        finally:
+            self.release()
+
+    def check(self) -> None:
+        """For long operations between steps: ``cancelled`` once the vault started closing."""
+        if self.state != OPEN:
+            raise Cancelled(f"vault {self.name} was locked: the operation was cancelled")
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == OPEN
+
+    def mutex(self, name: str) -> threading.Lock:
+        """A named lock of this vault (e.g. one ingest at a time)."""
+        with self._cond:
+            return self._mutexes.setdefault(name, threading.Lock())
+
+    # ------------------------------------------------------------------ attachments
+
+    def attachment(self, name: str, factory: Callable[[], T]) -> T:
+        """The attachment ``name``, built by ``factory`` on first use while the vault is open.
+
+        The factory runs under the vault's state lock, so it must be cheap (no I/O-heavy build);
+        a closing vault never gets a new attachment.
+        """
+        with self._cond:
+            if self.state != OPEN:
+                raise locked_error(self.name)
+            item = self._attachments.get(name)
+            if item is None:
+                item = factory()
+                self._attachments[name] = item
+            self._detach_when_idle.discard(name)
+            return item  # type: ignore[return-value]
+
+    def peek(self, name: str) -> Any:
+        with self._cond:
+            return self._attachments.get(name) if self.state == OPEN else None
+
+    def detach(self, name: str) -> bool:
+        """Close attachment ``name`` now if the vault has no lease, else when the last is released.
+
+        Returns True when it was closed now.
+        """
+        with self._cond:
+            if name not in self._attachments:
+                return False
+            if self._leases:
+                self._detach_when_idle.add(name)
+                return False
+            item = self._attachments.pop(name)
+        _close_quietly(item, self.vault_id)
+        return True
+
+    def on_close(self, hook: Callable[[LiveVault], None]) -> None:
+        """Run ``hook`` during close, after in-flight work ended and before anything is wiped."""
+        with self._cond:
+            self._close_hooks.append(hook)
+
+    # ------------------------------------------------------------------ close
+
+    def begin_close(self) -> bool:
+        """Step 1: refuse new work. False when another caller is already closing it."""
+        with self._cond:
+            if self.state != OPEN:
+                return False
+            self.state = CLOSING
+            return True
+
+    def finish_close(self, drain_seconds: float = DRAIN_SECONDS) -> None:
+        """Steps 2-5 (see the module docstring). Call once, after :meth:`begin_close` returned True."""
+        deadline = time.monotonic() + drain_seconds
+        with self._cond:
+            while self._leases and time.monotonic() < deadline:
+                self._cond.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            if self._leases:
+                # Keys are wiped anyway: an operation still running fails with KeyWiped (vault_locked).
+                log.warning("vault %s: %d operation(s) still running at lock; their keys are wiped now", self.vault_id, self._leases)
+            hooks = list(self._close_hooks)
+        for hook in hooks:
+            try:
+                hook(self)
+            except Exception:  # a hook must never keep a key alive
+                log.exception("vault %s: a close hook failed", self.vault_id)
+        with self._cond:
+            items = list(self._attachments.items())[::-1]
+            self._attachments.clear()
+            self._detach_when_idle.clear()
+        for _, item in items:
+            _close_quietly(item, self.vault_id)
+        self.store.close()  # wipes the vault key: last
+        with self._cond:
+            self.state = CLOSED
+            self._cond.notify_all()
+
+    def close(self, drain_seconds: float = DRAIN_SECONDS) -> bool:
+        if not self.begin_close():
+            return False
+        self.finish_close(drain_seconds)
+        return True
+
+
+def _close_quietly(item: Closeable, vault_id: str) -> None:
+    try:
+        item.close()
+    except Exception:
+        log.exception("vault %s: closing a derived index failed", vault_id)
+
+
+__all__ = ["LiveVault", "OPEN", "CLOSING", "CLOSED", "locked_error"]

@@ -1,0 +1,412 @@
+"""One owner per unlocked vault: lock, eviction, passwd and compaction raced against work.
+
+These run the daemon's own App in this process (real vault files, SQLite/FTS5, jieba, onnxruntime
+on a tiny real model) and race real threads through its request dispatch, many times over, so
+the interleavings that used to lose data or leak keys get a chance to happen.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memoriesd.config import load_config
+from memoriesd.errors import MemoriesError
+from memoriesd.home import Home
+from memoriesd.index.vector_store import VectorStore, list_sidecars
+from memoriesd.server.context import Context, Params
+from memoriesd.server.daemon import App
+from memoriesd.vault import crypto
+from memoriesd.vault.store import VaultStore
+
+from .conftest import short_tmpdir, write_config
+from .tinymodel import make_tiny_model
+
+PW = "correct horse"
+#: What a request racing a lock may answer besides success: nothing else (never `internal`).
+RACE_CODES = {"vault_locked", "cancelled"}
+
+
+def call(app: App, method: str, **params: Any) -> Any:
+    return app.dispatch(method, Context(Params(params)))
+
+
+def try_call(app: App, method: str, **params: Any) -> tuple[Any, str | None]:
+    try:
+        return call(app, method, **params), None
+    except MemoriesError as exc:
+        return None, exc.code
+
+
+@pytest.fixture
+def make_app() -> Iterator[Any]:
+    roots: list[Path] = []
+    apps: list[App] = []
+
+    def make(extra: str = "") -> App:
+        root = short_tmpdir("lv")
+        roots.append(root)
+        home = Home(root / "h")
+        write_config(home.root, extra)
+        home.ensure()
+        app = App(home, load_config(home.config_path))
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.vaults.lock_all("test end")
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _notes(app: App, vault: str, n: int, words: int = 60) -> None:
+    rnd = random.Random(n)
+    vocab = "cat dog coffee tea mountain river piano guitar bank money doctor vault key search".split()
+    for i in range(n):
+        body = " ".join(rnd.choice(vocab) for _ in range(words))
+        call(app, "memory.add", vault=vault, title=f"note {i}", body=f"{body} w{i:03d}")
+
+
+def test_a_wiped_key_refuses_to_seal_open_or_derive() -> None:
+    sealer = crypto.Sealer(crypto.new_key(), crypto.LABEL_VECTORS)
+    blob = sealer.seal(b"x", b"aad")
+    sealer.wipe()
+    with pytest.raises(crypto.KeyWiped):
+        sealer.seal(b"y", b"aad")
+    with pytest.raises(crypto.KeyWiped):
+        sealer.open(blob, b"aad")
+    master = crypto.new_key()
+    crypto.wipe(master)
+    with pytest.raises(crypto.KeyWiped):
+        crypto.subkey(master, crypto.LABEL_FINGERPRINT)
+    with pytest.raises(crypto.KeyWiped):
+        crypto.mac(master, b"data")
+
+
+def test_lock_racing_searches_never_answers_internal_and_leaves_no_index(make_app: Any) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="race", passphrase=PW)["vault_id"]
+    _notes(app, vid, 40)
+    stop = threading.Event()
+    codes: list[str | None] = []
+    crashes: list[BaseException] = []
+
+    def searcher() -> None:
+        while not stop.is_set():
+            try:
+                _, code = try_call(app, "rag.search", vault=vid, query="coffee mountain", mode="bm25")
+                codes.append(code)
+            except BaseException as exc:  # noqa: BLE001 - anything but a MemoriesError is a defect
+                crashes.append(exc)
+
+    threads = [threading.Thread(target=searcher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(25):
+            time.sleep(random.uniform(0, 0.03))
+            live = app.vaults.live(vid)
+            assert app.vaults.lock(vid)
+            # Locked: its index is closed and unreachable, its keys wiped, its records gone.
+            assert live is not None and live.peek("index") is None and live.state == "closed"
+            assert live.store.key.wiped and not live.store.records
+            assert vid not in app.rag.cache.cached_ids()
+            call(app, "vault.unlock", vault=vid, passphrase=PW)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not crashes
+    assert set(codes) - {None} <= RACE_CODES, set(codes)
+    assert codes.count(None) > 0
+
+
+def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_app: Any, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=3)
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n[rag.cache]\nmax_vaults = 1\n')
+    a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
+    b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
+    _notes(app, a, 150)
+    _notes(app, b, 5)
+    stop = threading.Event()
+    other: list[str | None] = []
+
+    def evictor() -> None:  # every search of b evicts a's index (max_vaults = 1)
+        while not stop.is_set():
+            other.append(try_call(app, "rag.search", vault=b, query="coffee", mode="bm25")[1])
+
+    t = threading.Thread(target=evictor)
+    t.start()
+    try:
+        result = call(app, "rag.index", vault=a)
+    finally:
+        stop.set()
+        t.join(30)
+    assert result["remaining"] == 0 and result["embedded"] > 0
+    assert set(other) == {None}
+    # Every sealed vector opens with a's real key; none opens with an all-zero key.
+    store = app.vaults.store(a)
+    real = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    zero = crypto.Sealer(bytes(32), crypto.LABEL_VECTORS)
+    sidecars = list_sidecars(store.dir)
+    assert len(sidecars) == 1
+    copy = tmp_path / sidecars[0].name  # a damaged-looking file is discarded on load: try the zero key on a copy
+    shutil.copy(sidecars[0], copy)
+    assert VectorStore(copy, vault_id=a, identity=result["model"], dims=32, seal=zero.seal, open_=zero.open).load() == {}
+    loaded = VectorStore(sidecars[0], vault_id=a, identity=result["model"], dims=32, seal=real.seal, open_=real.open).load()
+    assert len(loaded) == result["total"]
+
+
+def test_lock_during_rag_index_cancels_it_and_nothing_is_sealed_after(make_app: Any, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=3)
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n')
+    vid = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
+    _notes(app, vid, 300)
+    out: dict[str, Any] = {}
+
+    def indexer() -> None:
+        out["result"], out["code"] = try_call(app, "rag.index", vault=vid)
+
+    t = threading.Thread(target=indexer)
+    t.start()
+    time.sleep(0.3)
+    assert app.vaults.lock(vid)
+    t.join(60)
+    assert out["code"] in (None, "cancelled", "vault_locked")
+    sizes = {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)}
+    time.sleep(0.3)
+    assert {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)} == sizes  # nothing written after lock
+    call(app, "vault.unlock", vault=vid, passphrase=PW)
+    status = call(app, "rag.status", vault=vid)
+    assert status["embedding"]["embedded"] <= status["embedding"]["total"]
+
+
+def test_passwd_racing_writes_loses_nothing_and_never_reopens_the_log(make_app: Any) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="pw", passphrase=PW)["vault_id"]
+    acked: list[str] = []
+    errors: list[str | None] = []
+    stop = threading.Event()
+
+    def writer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            res, code = try_call(app, "memory.add", vault=vid, title=f"w{n}-{i}", body="text")
+            if code is None:
+                acked.append(res["id"])
+            else:
+                errors.append(code)
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    phrases = [PW, "second phrase", "third phrase"]
+    try:
+        for i in range(12):
+            call(app, "vault.passwd", vault=vid, old=phrases[i % 3], new=phrases[(i + 1) % 3])
+            if i % 4 == 3:
+                call(app, "vault.compact", vault=vid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    final = phrases[12 % 3]
+    app.vaults.lock(vid)
+    # A fresh open from disk: every acknowledged record is there and the log is whole.
+    store = VaultStore.open(app.home.vaults / vid, passphrase=final.encode())
+    try:
+        assert {r.id for r in store.latest()} == set(acked)
+        assert len(acked) > 10
+    finally:
+        store.close()
+
+
+def test_compaction_racing_updates_keeps_every_acknowledged_revision(make_app: Any) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="cmp", passphrase=PW)["vault_id"]
+    ids = [call(app, "memory.add", vault=vid, title=f"r{i}", body="v0")["id"] for i in range(5)]
+    last: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    bad: list[str | None] = []
+
+    def updater(rid: str) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            res, code = try_call(app, "memory.update", vault=vid, id=rid, body=f"v{n}")
+            if code is not None:
+                bad.append(code)
+                continue
+            with lock:
+                last[rid] = max(last.get(rid, 0), res["revision"])
+
+    threads = [threading.Thread(target=updater, args=(rid,)) for rid in ids]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(15):
+            call(app, "vault.compact", vault=vid)
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not bad
+    app.vaults.lock(vid)
+    store = VaultStore.open(app.home.vaults / vid, passphrase=PW.encode())
+    try:
+        for rid in ids:
+            assert store.get(rid).revision == last[rid]
+    finally:
+        store.close()
+
+
+def test_concurrent_ingests_of_one_folder_make_one_card_per_file(make_app: Any, tmp_path: Path) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="ing", passphrase=PW)["vault_id"]
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i in range(30):
+        (folder / f"n{i}.md").write_text(f"# Note {i}\n\ncoffee and tea {i}\n")
+    codes: list[str | None] = []
+
+    def ingest() -> None:
+        codes.append(try_call(app, "rag.ingest", vault=vid, paths=[str(folder)], recursive=True)[1])
+
+    threads = [threading.Thread(target=ingest) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert codes == [None] * 4
+    cards = [r for r in call(app, "memory.list", vault=vid, kind="card")["records"]]
+    assert len(cards) == 30
+
+
+def test_an_update_between_reading_and_writing_an_ingested_card_is_not_an_internal_error(make_app: Any, tmp_path: Path) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="ing2", passphrase=PW)["vault_id"]
+    note = tmp_path / "n.md"
+    note.write_text("# N\n\nfirst\n")
+    card = call(app, "rag.ingest", vault=vid, paths=[str(note)])["records"][0]
+    stop = threading.Event()
+    codes: list[str | None] = []
+
+    def updater() -> None:
+        while not stop.is_set():
+            codes.append(try_call(app, "memory.update", vault=vid, id=card["id"], tags=["t"], untag=["t"])[1])
+
+    t = threading.Thread(target=updater)
+    t.start()
+    try:
+        for i in range(20):
+            note.write_text(f"# N\n\nversion {i}\n")
+            codes.append(try_call(app, "rag.ingest", vault=vid, paths=[str(note)])[1])
+    finally:
+        stop.set()
+        t.join(30)
+    assert set(codes) == {None}
+    cards = call(app, "memory.list", vault=vid, kind="card")["records"]
+    assert len(cards) == 1
+
+
+def test_auto_lock_never_closes_a_vault_in_use(make_app: Any) -> None:
+    app = make_app("[daemon]\nauto_lock_minutes = 0.0001\n")
+    vid = call(app, "vault.create", name="idle", passphrase=PW)["vault_id"]
+    ctx = Context(Params({}))
+    app.vaults.use(vid, ctx)
+    time.sleep(0.05)
+    assert app.vaults.expire_idle() == []
+    ctx.release()
+    time.sleep(0.05)
+    assert app.vaults.expire_idle() == [vid]
+
+
+def test_lock_waits_for_a_leased_operation_and_refuses_new_ones(make_app: Any) -> None:
+    app = make_app()
+    vid = call(app, "vault.create", name="lease", passphrase=PW)["vault_id"]
+    ctx = Context(Params({}))
+    store = app.vaults.use(vid, ctx)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (app.vaults.lock(vid), done.set()))
+    t.start()
+    time.sleep(0.2)
+    assert not done.is_set() and not store.closed  # waiting for the lease
+    assert try_call(app, "memory.list", vault=vid)[1] == "vault_locked"  # no new work meanwhile
+    with pytest.raises(MemoriesError) as err:
+        ctx.check_cancelled()  # the leased operation is told to stop
+    assert err.value.code == "cancelled"
+    ctx.release()
+    t.join(10)
+    assert done.is_set() and store.closed and store.key.wiped
+
+
+class _SlowEmbeddings:
+    """A real OpenAI-compatible embeddings server on 127.0.0.1: batches of more than one input
+    take ``batch_seconds``; a single input (a query, the dimension probe) answers at once."""
+
+    def __init__(self, batch_seconds: float) -> None:
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                inputs = data["input"] if isinstance(data["input"], list) else [data["input"]]
+                if len(inputs) > 1:
+                    time.sleep(outer.batch_seconds)
+                vecs = [[float(len(t) % 7 + 1), float(t.count("e") + 1), 1.0, float(i % 3)] for i, t in enumerate(inputs)]
+                body = json.dumps({"object": "list", "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.batch_seconds = batch_seconds
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/embeddings"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_long_rag_index_lets_searches_of_other_vaults_embed_between_its_batches(make_app: Any) -> None:
+    svc = _SlowEmbeddings(batch_seconds=0.4)
+    try:
+        app = make_app(f'[rag.embedding]\nprotocol = "compatible"\nurl = "{svc.url}"\nmodel = "m"\n')
+        a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
+        b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
+        _notes(app, a, 200)  # 200 fragments: 7 batches, about 2.8 s
+        _notes(app, b, 3)
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (call(app, "rag.index", vault=a), done.set()))
+        t.start()
+        time.sleep(0.6)
+        res = call(app, "rag.search", vault=b, query="coffee", mode="vector")
+        searched_while_indexing = not done.is_set()
+        t.join(60)
+        assert res["results"] and done.is_set()
+        assert searched_while_indexing, "the search waited for the whole rag index pass"
+    finally:
+        svc.close()
