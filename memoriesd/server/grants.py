@@ -180,7 +180,10 @@ def verify(app: Any, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]
     ok = isinstance(rec, dict)
     if ok:
         assert isinstance(rec, dict)
-        ok = crypto.mac_equal(bytes.fromhex(_token_hash(store, grant.token)), bytes.fromhex(str(rec.get("hash", ""))))
+        try:
+            ok = crypto.mac_equal(bytes.fromhex(_token_hash(store, grant.token)), bytes.fromhex(str(rec.get("hash", ""))))
+        except crypto.KeyWiped:  # locked while we looked
+            raise _locked(grant.vault_id) from None
     if store.closed:  # locked while we looked: the key was wiped, so say locked, not invalid
         raise _locked(grant.vault_id)
     if not ok:

@@ -63,6 +63,7 @@ class VaultManager:
         self._lock = threading.RLock()
         self._unlocked: dict[str, LiveVault] = {}
         self._gates: dict[str, threading.Lock] = {}
+        self._create_lock = threading.Lock()
         self._listeners: list[Callable[[str], None]] = []
         self.drain_seconds = 60.0  # how long a lock waits for in-flight operations
 
@@ -185,7 +186,7 @@ class VaultManager:
         name = validate_name(name)
         if not passphrase:
             raise UsageError("the passphrase is empty: choose a passphrase")
-        with self._lock:
+        with self._create_lock:  # not self._lock: the KDF below must not stall every other request
             if any(v["name"].casefold() == name.casefold() for v in self.list_vaults()):
                 raise VaultExists(f"a vault named {name} already exists: choose another name")
             vault_id = new_record_id()[:12]
