@@ -60,12 +60,14 @@ one two three four five first last day week year time
 WORDS: list[str] = list(dict.fromkeys(_WORDS)) + [f"w{i:03d}" for i in range(100)]
 
 
-def _tokenizer(*, post_processor: bool, baked_length: int | None) -> str:
+def _tokenizer(*, post_processor: bool, baked_length: int | None, beyond_table: tuple[str, ...] = ()) -> str:
     vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = Lowercase()
     tok.pre_tokenizer = Whitespace()
     tok.add_special_tokens(SPECIALS)
+    # Added tokens whose ids lie past the embedding table, like EmbeddingGemma's <image_soft_token>.
+    tok.add_special_tokens(list(beyond_table))
     if post_processor:
         tok.post_processor = TemplateProcessing(
             single="<bos> $A <eos>",
@@ -148,6 +150,7 @@ def make_tiny_model(
     layout: str = "gemma",
     post_processor: bool = True,
     normalize: bool = True,
+    beyond_table: tuple[str, ...] = (),
 ) -> dict[str, dict[str, int | str]]:
     """Write a tiny model into ``dir`` and return ``{relpath: {"size", "sha256"}}``.
 
@@ -167,7 +170,7 @@ def make_tiny_model(
         graph, raw = _build_graph(weights, "model_q4.onnx_data", normalize=normalize, dims=dims)
         files["onnx/model_q4.onnx"] = graph
         files["onnx/model_q4.onnx_data"] = raw
-        files["tokenizer.json"] = _tokenizer(post_processor=post_processor, baked_length=None).encode()
+        files["tokenizer.json"] = _tokenizer(post_processor=post_processor, baked_length=None, beyond_table=beyond_table).encode()
         files["config.json"] = json.dumps(
             {
                 "architectures": ["Gemma3TextModel"],

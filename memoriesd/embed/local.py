@@ -123,6 +123,14 @@ class LocalEmbedder:
         self._pad_id = _int_or((padding or {}).get("pad_id"), _int_or(config.get("pad_token_id"), 0))
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        # Text is text: "<eos>" or "<start_of_turn>" written in a note is read as those characters,
+        # never as the control token (BOS/EOS still come from the post-processor or _encode).
+        self._tokenizer.encode_special_tokens = True
+        # Ids past the embedding table (EmbeddingGemma's added <image_soft_token> is id 262144 of a
+        # 262,144-row table) would crash the graph: they are read as the unknown token instead.
+        rows = config.get("vocab_size")
+        self._table_rows: int | None = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None
+        self._unk_id = self._find_unk_id(config)
 
         # Graph width from a probe run (the output shape may be symbolic).
         probe = self._run([self._tokenizer.encode(_SELF_CHECK_TEXTS[0]).ids or [self._pad_id]])
@@ -187,6 +195,13 @@ class LocalEmbedder:
         # The tokenizer reserves room for the special tokens its own post-processor adds.
         self._tokenizer.enable_truncation(max_length=self.profile.max_tokens - reserved)
 
+    def _find_unk_id(self, config: dict[str, Any]) -> int:
+        for name in ("<unk>", "[UNK]"):
+            tid = self._tokenizer.token_to_id(name)
+            if tid is not None:
+                return int(tid)
+        return _int_or(config.get("unk_token_id"), self._pad_id)
+
     def _identity(self) -> str:
         spec = {
             "v": 1,
@@ -221,6 +236,9 @@ class LocalEmbedder:
                 ids.insert(0, self._add_bos)
             if self._add_eos is not None:
                 ids.append(self._add_eos)
+            rows = self._table_rows
+            if rows is not None and any(i >= rows or i < 0 for i in ids):
+                ids = [self._unk_id if (i >= rows or i < 0) else i for i in ids]
             out.append(ids or [self._pad_id])
         return out
 
@@ -249,7 +267,12 @@ class LocalEmbedder:
         feeds = {"input_ids": ids, "attention_mask": mask}
         if self._feed_token_types:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        out = self._session.run([OUTPUT_NAME], feeds)[0]
+        try:
+            out = self._session.run([OUTPUT_NAME], feeds)[0]
+        except Exception as exc:  # onnxruntime's own error types: translated here, at the boundary
+            raise InvalidModelOutput(
+                f"the local embedding model failed on an input ({type(exc).__name__}): the fragment is skipped"
+            ) from exc
         return np.asarray(out, dtype=np.float32)
 
     def _finish(self, raw: np.ndarray) -> np.ndarray:
