@@ -100,6 +100,7 @@ class RagConfig:
     max_document_mib: float = 4.0
     ask_min_cosine: float = 0.25  # vector evidence floor for `ask`; -1 = every nearest neighbour counts
     rerank_default: bool = True
+    model_idle_minutes: float = 10.0  # release the local model after this long unused; 0 = keep it
     http: HttpConfig = field(default_factory=HttpConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     local_model: LocalModelConfig = field(default_factory=LocalModelConfig)
@@ -138,6 +139,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "rag.candidates": (10, 1000),
     "rag.max_document_mib": (0.001, 64),
     "rag.ask_min_cosine": (-1, 1),
+    "rag.model_idle_minutes": (0, 60 * 24 * 365),
     "rag.http.retries": (0, 5),
     "rag.http.backoff_ms": (0, 60000),
     "rag.http.connect_timeout_seconds": (0.05, 600),

@@ -29,6 +29,19 @@ INSTALL_HINT = (
 )
 
 
+def _return_memory() -> None:
+    """Give freed heap back to the system after a large release (glibc keeps it otherwise)."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class RagEngine:
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -39,6 +52,9 @@ class RagEngine:
         self._local: Any = None
         self._local_dir: Path | None = None
         self._local_stamp: tuple[tuple[str, int, int], ...] = ()
+        self._local_used = 0.0  # monotonic time of the last request that needed the local model
+        self._idle_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._remote: Any = None
         self._http: Any = None
         self._state_lock = threading.Lock()
@@ -107,7 +123,51 @@ class RagEngine:
                 self._local_dir = d
                 self._local_stamp = self._model_stamp()
                 log.info("local embedding model loaded in %.2f s (%d dims)", time.perf_counter() - t0, self._local.dimensions)
+                self._start_idle_watch()
+            self._local_used = time.monotonic()
             return self._local
+
+    # ------------------------------------------------------------------ releasing an idle model
+
+    def _start_idle_watch(self) -> None:
+        """Caller holds ``_state_lock``. One watcher thread while a local model is loaded."""
+        minutes = self.config.rag.model_idle_minutes
+        if minutes <= 0 or (self._idle_thread is not None and self._idle_thread.is_alive()):
+            return
+        interval = max(0.05, min(30.0, minutes * 60 / 4))
+
+        def watch() -> None:
+            while not self._stopping.wait(interval):
+                if self.release_idle_model():
+                    return
+
+        self._idle_thread = threading.Thread(target=watch, name="memoriesd-model-idle", daemon=True)
+        self._idle_thread.start()
+
+    def release_idle_model(self, *, force: bool = False) -> bool:
+        """Drop the local model after ``[rag] model_idle_minutes`` without a request that needed it
+        (never during an embedding batch), so a day of BM25-only use does not keep ~1 GiB of model.
+        The next request that needs it loads it again. True when it was released."""
+        minutes = self.config.rag.model_idle_minutes
+        with self._state_lock:
+            if self._local is None:
+                return True
+            if not force and (minutes <= 0 or time.monotonic() - self._local_used < minutes * 60):
+                return False
+            if not self._embed_lock.acquire(blocking=False):
+                return False
+            try:
+                self._local = None
+                self._local_stamp = ()
+                self._idle_thread = None
+            finally:
+                self._embed_lock.release()
+        _return_memory()
+        log.info("local embedding model released (unused for %.1f minutes)", minutes)
+        return True
+
+    def close(self) -> None:
+        self._stopping.set()
 
     def _model_stamp(self) -> tuple[tuple[str, int, int], ...]:
         """Size and mtime of the model files, to notice when they change under a loaded model."""
@@ -200,6 +260,7 @@ class RagEngine:
             with self._embed_lock:
                 if getattr(embedder, "url", None):
                     return np.asarray(embedder.embed_documents(items, before_attempt=check))
+                self._local_used = time.monotonic()  # a long pass keeps its model loaded
                 return np.asarray(embedder.embed_documents(items))
 
         return space.embed(idx, frag_ids, embed_fn, check=check, deadline=deadline, on_batch=progress)
@@ -224,6 +285,7 @@ class RagEngine:
             check = self.operation_check(store, ctx)
             return np.asarray(embedder.embed_queries([query], before_attempt=check))[0]
         with self._embed_lock:
+            self._local_used = time.monotonic()
             return np.asarray(embedder.embed_queries([query]))[0]
 
     # ------------------------------------------------------------------ status
