@@ -100,6 +100,7 @@ class RagConfig:
     max_document_mib: float = 4.0
     ask_min_cosine: float = 0.25  # vector evidence floor for `ask`; -1 = every nearest neighbour counts
     rerank_default: bool = True
+    background_index: bool = True  # embed missing fragments in the background (local model only)
     model_idle_minutes: float = 10.0  # release the local model after this long unused; 0 = keep it
     http: HttpConfig = field(default_factory=HttpConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -132,7 +132,7 @@ def test_lock_racing_searches_never_answers_internal_and_leaves_no_index(make_ap
 def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_app: Any, tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
-    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n[rag.cache]\nmax_vaults = 1\n')
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\nbackground_index = false\n[rag.cache]\nmax_vaults = 1\n')
     a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
     b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
     _notes(app, a, 150)
@@ -169,7 +169,7 @@ def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_ap
 def test_lock_during_rag_index_cancels_it_and_nothing_is_sealed_after(make_app: Any, tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
-    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n')
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\nbackground_index = false\n')
     vid = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
     _notes(app, vid, 300)
     out: dict[str, Any] = {}
@@ -410,3 +410,27 @@ def test_a_long_rag_index_lets_searches_of_other_vaults_embed_between_its_batche
         assert searched_while_indexing, "the search waited for the whole rag index pass"
     finally:
         svc.close()
+
+
+def test_lock_during_background_indexing_pauses_it_and_nothing_is_sealed_after(make_app: Any, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=3)
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n')
+    vid = call(app, "vault.create", name="bg", passphrase=PW)["vault_id"]
+    for round_ in range(5):
+        _notes(app, vid, 60)  # each add queues the vault for the background worker
+        time.sleep(random.uniform(0, 0.05))
+        live = app.vaults.live(vid)
+        assert app.vaults.lock(vid)
+        assert live is not None and live.store.key.wiped
+        sizes = {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)}
+        time.sleep(0.2)
+        assert {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)} == sizes, round_
+        job = app.rag.background.job(vid)
+        assert job is None or job.state in ("paused", "done")
+        call(app, "vault.unlock", vault=vid, passphrase=PW)
+    deadline = time.monotonic() + 60
+    while app.rag.background.job(vid).state != "done" and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.05)
+    emb = call(app, "rag.status", vault=vid)["embedding"]
+    assert emb["state"] == "done" and emb["embedded"] == emb["total"] == 300

@@ -29,10 +29,12 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return two_tiny_models(tmp_path_factory.mktemp("models"))
 
 
+# These tests follow the foreground paths (on-demand embedding, `rag index` passes); the background
+# indexer is off here and tested in test_background_index.py.
 def _home_with(model: Path, extra: str = "") -> Path:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{model}"\n' + extra)
+    write_config(home, f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n' + extra)
     return home
 
 
@@ -97,7 +99,7 @@ def test_changes_embed_only_new_fragments_and_model_change_reembeds(vdaemon: Dae
     vdaemon.call("memory.update", {"vault": vid, "id": ids["Money"], "title": "Finance"})
     assert vdaemon.call("rag.index", {"vault": vid})["embedded"] == 1
     vdaemon.stop()
-    write_config(vdaemon.home, f'[rag]\nlocal_model_dir = "{model_dirs["b"]}"\n')
+    write_config(vdaemon.home, f'[rag]\nlocal_model_dir = "{model_dirs["b"]}"\nbackground_index = false\n')
     d = Daemon(vdaemon.home).start()
     try:
         d.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})

@@ -6,11 +6,12 @@ answers in :mod:`memoriesd.rag.answer`; they all reach the vault's search state 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ class RagEngine:
         self.home = app.home
         self.cache = IndexCache(self.config.rag.cache)
         self._embed_lock = threading.Lock()  # one embedding computation at a time
+        self._foreground = 0  # foreground embeddings waiting or running: background work yields to them
+        self._foreground_lock = threading.Lock()
         self._local: Any = None
         self._local_dir: Path | None = None
         self._local_stamp: tuple[tuple[str, int, int], ...] = ()
@@ -60,6 +63,9 @@ class RagEngine:
         self._state_lock = threading.Lock()
         self._http_lock = threading.Lock()
         self._segment_ready = False
+        from ..indexing import BackgroundIndexer
+
+        self.background = BackgroundIndexer(app, self)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -246,8 +252,13 @@ class RagEngine:
         *,
         deadline: float | None = None,
         progress: Any = None,
+        background: bool = False,
     ) -> int:
-        """Embed some fragments; stops on lock, vault change or cancellation (finished batches kept)."""
+        """Embed some fragments; stops on lock, vault change or cancellation (finished batches kept).
+
+        ``background``: yield to foreground embeddings (queries, on-demand search, `rag index`)
+        before each batch.
+        """
         if not frag_ids:
             return 0
         if getattr(embedder, "url", None):
@@ -257,7 +268,11 @@ class RagEngine:
         def embed_fn(items: list[tuple[str | None, str]]) -> np.ndarray:
             # The embedding lock is taken per batch, not per pass: a long `rag index` lets the
             # query embedding of a search (or another vault's batch) in between its batches.
-            with self._embed_lock:
+            if background:
+                while self._foreground:
+                    check()
+                    time.sleep(0.01)
+            with self._embedding(foreground=not background):
                 if getattr(embedder, "url", None):
                     return np.asarray(embedder.embed_documents(items, before_attempt=check))
                 self._local_used = time.monotonic()  # a long pass keeps its model loaded
@@ -284,9 +299,28 @@ class RagEngine:
             self.check_remote_policy(store, embedder.url, "embedding")
             check = self.operation_check(store, ctx)
             return np.asarray(embedder.embed_queries([query], before_attempt=check))[0]
-        with self._embed_lock:
+        with self._embedding(foreground=True):
             self._local_used = time.monotonic()
             return np.asarray(embedder.embed_queries([query]))[0]
+
+    @contextlib.contextmanager
+    def _embedding(self, *, foreground: bool) -> Iterator[None]:
+        """The embedding lock; a foreground holder or waiter makes background batches wait."""
+        if foreground:
+            with self._foreground_lock:
+                self._foreground += 1
+        try:
+            with self._embed_lock:
+                yield
+        finally:
+            if foreground:
+                with self._foreground_lock:
+                    self._foreground -= 1
+
+    @staticmethod
+    def skipped_count(space: VectorSpace) -> int:
+        """Fragments of ``space`` that cannot be embedded (recorded as skipped)."""
+        return len(getattr(space, "skipped", ()))
 
     # ------------------------------------------------------------------ status
 
@@ -345,6 +379,7 @@ class RagEngine:
                     "dimensions": space.dims,
                     "embedded": len(space.index),
                     "total": idx.n_fragments(),
+                    "skipped": self.skipped_count(space),
                     "vector_bytes": space.nbytes,
                     "vectors_loaded": True,
                 }
@@ -360,7 +395,26 @@ class RagEngine:
                 out["embedding"].update(sealed)
         else:
             out["embedding"]["hint"] = INSTALL_HINT
+        self._background_status(store, out["embedding"])
         return out
+
+    def _background_status(self, store: VaultStore, emb: dict[str, Any]) -> None:
+        """``state`` (running, queued, paused, done, failed, off), ``rate`` (fragments/s) and ``eta_seconds``."""
+        emb.setdefault("skipped", 0)
+        job = self.background.job(store.vault_id) if self.background.enabled() else None
+        if job is None:
+            if not self.background.enabled():
+                state = "off"
+            elif emb.get("embedded") is not None and emb.get("total") is not None and emb["embedded"] + emb["skipped"] >= emb["total"]:
+                state = "done"
+            else:
+                state = "idle"
+            emb.update({"state": state, "rate": None, "eta_seconds": None})
+            return
+        view = job.view()
+        emb.update({"state": view["state"], "rate": view["rate"], "eta_seconds": view["eta_seconds"]})
+        if view["error"]:
+            emb["error"] = view["error"]
 
     def _known_identity(self) -> tuple[str | None, int | None]:
         """Identity and dimensions of the active embedder when known without loading a model

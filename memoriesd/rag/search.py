@@ -21,6 +21,17 @@ from .fusion import Candidate, fuse, light_rerank, order_by_scores
 MODES = ("bm25", "vector", "hybrid")
 MATCH_MODES = ("any", "all", "phrase")
 SNIPPET_CHARS = 200
+#: While the background indexer works on a vault, a search still embeds this few missing fragments
+#: itself (a note just added), not more.
+BACKGROUND_ON_DEMAND = 8
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass
@@ -117,7 +128,17 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         space = engine.vector_space(store, idx, embedder)
         missing = space.missing(idx)
         limit = engine.config.rag.on_demand_embed_limit
-        if missing:
+        job = engine.background.job(store.vault_id) if engine.background.active(store.vault_id) else None
+        if job is not None and len(missing) > BACKGROUND_ON_DEMAND:
+            # Being embedded in the background: answer with what exists now, never wait behind it.
+            out.missing_vectors = len(missing)
+            eta = job.eta_seconds
+            out.notices.append(
+                f"{len(missing):,} fragments are still being embedded in the background, so vector results cover "
+                f"only part of the vault" + (f" (about {_duration(eta)} left)" if eta else "")
+                + ": see `memories rag status`"
+            )
+        elif missing:
             engine.embed_missing(store, idx, space, embedder, missing[:limit], ctx)
             rest = len(missing) - min(len(missing), limit)
             if rest:

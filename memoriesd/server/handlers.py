@@ -252,7 +252,14 @@ def memory_add(app: Any, ctx: Context) -> dict[str, Any]:
     t = now()
     rec = Record(new_record_id(), 1, kind, title, body, private, tags, meta=meta, created=t, updated=t)
     store.commit([rec])
+    _changed(app, store, rec)
     return rec.summary()
+
+
+def _changed(app: Any, store: VaultStore, rec: Record) -> None:
+    """A searchable record changed: the background indexer embeds its fragments."""
+    if rec.searchable and app.rag is not None:
+        app.rag.background.request(store.vault_id)
 
 
 @method("memory.read")
@@ -319,6 +326,7 @@ def memory_update(app: Any, ctx: Context) -> dict[str, Any]:
             updated=now(),
         )
         store.commit([new])
+    _changed(app, store, new)
     return new.summary()
 
 

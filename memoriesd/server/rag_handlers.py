@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import Cancelled, ModelUnavailable, NotFound
+from ..errors import Cancelled, MemoriesError, ModelUnavailable, NotFound, VaultLocked
 from ..index.bm25 import MAX_CANDIDATES
 from ..rag.engine import INSTALL_HINT, RagEngine
 from ..rag.fusion import Candidate
@@ -137,7 +137,10 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
     max_bytes = int(app.config.rag.max_document_mib * 1024 * 1024)
     # One ingest at a time per vault: two ingests of one folder must not make two cards of a file.
     with app.vaults.live_of(store).mutex("ingest"):
-        return run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
+        report = run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
+    if report["added"] or report["updated"]:
+        _engine(app).background.request(store.vault_id)
+    return report
 
 
 @method("rag.status")
@@ -154,6 +157,8 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
         raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
     budget = ctx.params.number("budget_seconds", app.config.rag.operation_budget_seconds)
     budget = max(0.1, min(budget, app.config.rag.operation_budget_seconds))
+    if engine.background.enabled():
+        return _attach_to_background(engine, store, ctx, budget)
     idx = engine.vault_index(store)
     embedder = engine.embedder()
     space = engine.vector_space(store, idx, embedder)
@@ -186,6 +191,41 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
         "model": space.identity,
         "seconds": round(time.monotonic() - t0, 3),
         "changed": changed,
+    }
+
+
+def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, budget: float) -> dict[str, Any]:
+    """`rag index` with the background indexer on: put the vault first and follow its job (progress
+    with rate and ETA) until it is done or the budget is spent, instead of a second pass beside it."""
+    t0 = time.monotonic()
+    engine.background.request(store.vault_id, first=True)
+    start = engine.background.job(store.vault_id)
+    before = start.embedded if start is not None else 0
+    job = start
+    while time.monotonic() - t0 < budget:
+        ctx.check_cancelled()
+        job = engine.background.wait(store.vault_id, min(1.0, budget - (time.monotonic() - t0)))
+        if job is None:
+            break
+        ctx.send_progress({"done": job.embedded, "total": job.total, "rate": job.rate, "eta_seconds": job.eta_seconds})
+        if job.state not in ("queued", "running"):
+            break
+    if job is None:
+        raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
+    if job.state == "failed":
+        raise MemoriesError(f"background indexing stopped: {job.error}", code="index_stalled")
+    if job.state == "paused":
+        raise VaultLocked(f"vault {store.name} was locked: the indexing resumes after `memories vault unlock {store.name}`")
+    space = engine.peek_index(store)
+    model = space.vectors.identity if space is not None and space.vectors is not None else ""
+    return {
+        "embedded": max(0, job.embedded - before),
+        "remaining": job.remaining,
+        "skipped": job.skipped,
+        "total": job.total,
+        "model": model,
+        "seconds": round(time.monotonic() - t0, 3),
+        "changed": False,
     }
 
 

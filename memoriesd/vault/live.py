@@ -62,6 +62,7 @@ class LiveVault:
         self.last_used = time.monotonic()
         self._cond = threading.Condition(threading.Lock())
         self._leases = 0
+        self._untouched = 0  # leases held by background work (auto-lock does not wait for them)
         self._attachments: dict[str, Closeable] = {}
         self._detach_when_idle: set[str] = set()
         self._close_hooks: list[Callable[[LiveVault], None]] = []
@@ -71,22 +72,33 @@ class LiveVault:
 
     @property
     def leases(self) -> int:
+        """Leases of requests (background work excluded): auto-lock waits until none is held."""
         with self._cond:
-            return self._leases
+            return self._leases - self._untouched
 
-    def acquire(self) -> None:
-        """Take a lease, or ``vault_locked`` when the vault is closing or closed."""
+    def acquire(self, *, touch: bool = True) -> None:
+        """Take a lease, or ``vault_locked`` when the vault is closing or closed.
+
+        ``touch=False`` (background work) does not count as use for auto-lock.
+        """
         with self._cond:
             if self.state != OPEN:
                 raise locked_error(self.name)
             self._leases += 1
-            self.last_used = time.monotonic()
+            if touch:
+                self.last_used = time.monotonic()
+            else:
+                self._untouched += 1
 
-    def release(self) -> None:
+    def release(self, *, touch: bool = True) -> None:
+        """Give back a lease taken with the same ``touch``."""
         idle: list[Closeable] = []
         with self._cond:
             self._leases -= 1
-            self.last_used = time.monotonic()
+            if touch:
+                self.last_used = time.monotonic()
+            else:
+                self._untouched -= 1
             if self._leases == 0:
                 idle = [self._attachments.pop(n) for n in sorted(self._detach_when_idle) if n in self._attachments]
                 self._detach_when_idle.clear()

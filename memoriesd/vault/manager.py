@@ -65,6 +65,7 @@ class VaultManager:
         self._gates: dict[str, threading.Lock] = {}
         self._create_lock = threading.Lock()
         self._listeners: list[Callable[[str], None]] = []
+        self._unlock_listeners: list[Callable[[str], None]] = []
         self.drain_seconds = 60.0  # how long a lock waits for in-flight operations
 
     # ------------------------------------------------------------------ discovery
@@ -219,7 +220,16 @@ class VaultManager:
                 store = self._slowed(vault_id, lambda: VaultStore.open(vault_dir, passphrase=passphrase))
             self._register(store)
         log.info("vault %s unlocked", vault_id)
+        for listener in list(self._unlock_listeners):
+            try:
+                listener(vault_id)
+            except Exception:  # an unlock never fails for a listener
+                log.exception("unlock listener failed")
         return store
+
+    def on_unlock(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(vault_id)`` after a vault was unlocked (e.g. to resume background indexing)."""
+        self._unlock_listeners.append(listener)
 
     def _check_passphrase(self, vault_id: str, entry: LiveVault, passphrase: bytearray) -> None:
         header = read_header(self.home.vaults / vault_id, entry.name)

@@ -1,0 +1,243 @@
+"""The background indexer: one low-priority worker that embeds missing fragments, one vault at a time.
+
+With a local model available and ``[rag] background_index = true`` (the default), a vault is queued
+after ``rag ingest``, a record change and unlock. The worker embeds its missing fragments in small
+chunks; each chunk takes a lease on the vault (so lock waits for at most one chunk, and cancels the
+rest), yields to query embedding (``RagEngine.embed_missing(..., background=True)``) and is sealed
+to disk as every batch is. It does not count as use of the vault: auto-lock still locks an idle
+vault, which pauses its job until the next unlock. A vault change during a chunk only drops that
+chunk; the job goes on with the new content. ``rag index`` attaches to the job instead of running
+a second pass beside it; ``rag status`` shows its state, rate and ETA.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Cancelled, MemoriesError, VaultLocked
+
+log = logging.getLogger("memoriesd.indexing")
+
+#: Fragments per background chunk: small, so lock and queries wait little behind it.
+CHUNK_FRAGMENTS = 8
+
+
+class _Work:
+    """The request context of a background chunk: its lease and its stop checks."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.checks: list[Any] = []
+        self.leases: list[Any] = []
+
+    def check_cancelled(self) -> None:
+        if self.stop.is_set():
+            raise Cancelled("the daemon is stopping")
+        for check in self.checks:
+            check()
+
+    def release(self) -> None:
+        while self.leases:
+            self.leases.pop()()
+
+
+@dataclass
+class Job:
+    """What ``rag status`` says about a vault's background embedding."""
+
+    vault_id: str
+    state: str = "queued"  # queued | running | paused | done | failed
+    embedded: int = 0  # fragments with a vector (of total)
+    total: int = 0
+    skipped: int = 0
+    done_this_run: int = 0
+    rate: float | None = None  # fragments per second (recent)
+    error: str | None = None
+    started: float = 0.0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.total - self.embedded - self.skipped)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.state not in ("running", "queued") or not self.rate:
+            return None
+        return round(self.remaining / self.rate, 1)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "embedded": self.embedded,
+            "total": self.total,
+            "skipped": self.skipped,
+            "rate": None if self.rate is None else round(self.rate, 2),
+            "eta_seconds": self.eta_seconds,
+            "error": self.error,
+        }
+
+
+class BackgroundIndexer:
+    """The one background worker of a daemon (see the module docstring)."""
+
+    def __init__(self, app: Any, engine: Any) -> None:
+        self.app = app
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._queue: OrderedDict[str, None] = OrderedDict()
+        self._jobs: dict[str, Job] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        app.vaults.on_unlock(self.request)
+        app.vaults.on_lock(self._paused)
+
+    # ------------------------------------------------------------------ requests
+
+    def enabled(self) -> bool:
+        rag = self.engine.config.rag
+        return bool(rag.background_index) and not rag.embedding.configured and self.engine.local_model_present()
+
+    def request(self, vault_id: str, *, first: bool = False) -> None:
+        """Queue ``vault_id`` (``first``: ahead of the others, for `rag index`)."""
+        if not self.enabled():
+            return
+        with self._cond:
+            job = self._jobs.get(vault_id)
+            if job is None or job.state in ("done", "paused", "failed"):
+                self._jobs[vault_id] = job = Job(vault_id, embedded=job.embedded if job else 0, total=job.total if job else 0)
+            self._queue[vault_id] = None
+            if first:
+                self._queue.move_to_end(vault_id, last=False)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="memoriesd-background-index", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def job(self, vault_id: str) -> Job | None:
+        with self._cond:
+            return self._jobs.get(vault_id)
+
+    def active(self, vault_id: str) -> bool:
+        job = self.job(vault_id)
+        return job is not None and job.state in ("queued", "running")
+
+    def wait(self, vault_id: str, timeout: float) -> Job | None:
+        """Until the vault's job leaves queued/running, or ``timeout`` seconds; the job as it is then."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                job = self._jobs.get(vault_id)
+                if job is None or job.state not in ("queued", "running"):
+                    return job
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return job
+                self._cond.wait(min(left, 0.5))
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _paused(self, vault_id: str) -> None:
+        with self._cond:
+            self._queue.pop(vault_id, None)
+            job = self._jobs.get(vault_id)
+            if job is not None and job.state in ("queued", "running"):
+                job.state = "paused"
+                job.rate = None
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait(5.0)
+                if self._stop.is_set():
+                    return
+                vault_id = next(iter(self._queue))
+            try:
+                finished = self._step(vault_id)
+            except Exception:  # never let the worker die: the next request restarts work
+                log.exception("background indexing of vault %s failed", vault_id)
+                finished = True
+                self._set(vault_id, state="failed", error="an internal error: see the daemon log")
+            if finished:
+                with self._cond:
+                    self._queue.pop(vault_id, None)
+                    self._cond.notify_all()
+
+    def _set(self, vault_id: str, **fields: Any) -> None:
+        with self._cond:
+            job = self._jobs.setdefault(vault_id, Job(vault_id))
+            for k, v in fields.items():
+                setattr(job, k, v)
+            self._cond.notify_all()
+
+    def _step(self, vault_id: str) -> bool:
+        """Embed one chunk of ``vault_id``. True when its job is over (done, paused or failed)."""
+        live = self.app.vaults.live(vault_id)
+        if live is None:
+            self._paused(vault_id)
+            return True
+        try:
+            live.acquire(touch=False)  # not "use": auto-lock still sees the vault as idle
+        except VaultLocked:
+            self._paused(vault_id)
+            return True
+        ctx = _Work(self._stop)
+        ctx.leases.append(lambda: live.release(touch=False))
+        ctx.checks.append(live.check)
+        try:
+            engine = self.engine
+            store = live.store
+            idx = engine.vault_index(store)
+            embedder = engine.embedder()
+            space = engine.vector_space(store, idx, embedder)
+            missing = space.missing(idx)
+            total = idx.n_fragments()
+            skipped = engine.skipped_count(space)
+            job = self.job(vault_id)
+            if job is not None and job.state != "running":
+                self._set(vault_id, state="running", started=time.monotonic(), done_this_run=0, error=None)
+            self._set(vault_id, total=total, embedded=total - len(missing) - skipped, skipped=skipped)
+            if not missing:
+                self._set(vault_id, state="done", rate=None)
+                log.info("background indexing of vault %s done (%d fragments)", vault_id, total)
+                return True
+            t0 = time.monotonic()
+            try:
+                n = engine.embed_missing(store, idx, space, embedder, missing[:CHUNK_FRAGMENTS], ctx, background=True)
+            except Cancelled:
+                if not live.is_open or self._stop.is_set():
+                    self._paused(vault_id)
+                    return True
+                return False  # the vault changed under the chunk: go on with the new content
+            dt = max(time.monotonic() - t0, 1e-6)
+            with self._cond:
+                job = self._jobs[vault_id]
+                recent = n / dt
+                job.rate = recent if job.rate is None else 0.7 * job.rate + 0.3 * recent
+                job.done_this_run += n
+                job.embedded = min(job.total, job.embedded + n)
+                self._cond.notify_all()
+            return False
+        except (VaultLocked, Cancelled):
+            self._paused(vault_id)
+            return True
+        except MemoriesError as exc:
+            log.warning("background indexing of vault %s stopped: %s", vault_id, exc.code)
+            self._set(vault_id, state="failed", error=exc.message, rate=None)
+            return True
+        finally:
+            ctx.release()
+
+
+__all__ = ["BackgroundIndexer", "Job", "CHUNK_FRAGMENTS"]

@@ -1,0 +1,119 @@
+"""Background indexing through the real daemon: a vault finishes its vectors with no `rag index`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .conftest import SHARED, Daemon, cli_json, create_vault, run_cli, running_daemon
+from .tinymodel import make_tiny_model
+
+MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
+WORDS = "cat dog coffee tea mountain river piano guitar bank money doctor vault key search".split()
+
+
+def _folder(root: Path, n: int, words: int = 120) -> Path:
+    folder = root / "notes"
+    folder.mkdir()
+    for i in range(n):
+        body = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(words))
+        (folder / f"n{i:04d}.md").write_text(f"# Note {i}\n\n{body}\n")
+    return folder
+
+
+def _status(d: Daemon, vid: str) -> dict[str, Any]:
+    return dict(d.call("rag.status", {"vault": vid})["embedding"])
+
+
+def _wait_done(d: Daemon, vid: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        emb = _status(d, vid)
+        if emb.get("state") == "done":
+            return emb
+        time.sleep(0.1)
+    raise AssertionError(f"background indexing did not finish: {emb}")
+
+
+def test_ingest_alone_leaves_a_fully_embedded_vault(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=1)
+    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\n') as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, 40)
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        emb = _wait_done(d, vid)
+        assert emb["embedded"] == emb["total"] > 0 and emb["skipped"] == 0 and emb["eta_seconds"] is None
+        res = d.call("rag.search", {"vault": vid, "query": "coffee", "mode": "vector"})
+        assert res["results"] and res["missing_vectors"] == 0 and not res["notices"]
+        # rag index attaches to the finished job: nothing left to do.
+        out = cli_json(d.home, "rag", "index", vid)
+        assert out["total"] == emb["total"] and out["embedded"] == 0
+
+
+def test_lock_pauses_background_indexing_and_unlock_resumes_it(tmp_path: Path) -> None:
+    if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
+        raise AssertionError(f"{MINILM} is missing")
+    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, 300)  # ~300 fragments: several seconds with MiniLM on 2 cores
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        deadline = time.monotonic() + 60
+        while _status(d, vid).get("state") != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # A search meanwhile answers at once with what exists, and says so.
+        t0 = time.monotonic()
+        res = d.call("rag.search", {"vault": vid, "query": "coffee mountain", "mode": "hybrid"})
+        searched = time.monotonic() - t0
+        running = _status(d, vid)
+        assert running["state"] == "running"  # 300 fragments take MiniLM several seconds here
+        assert res["missing_vectors"] > 0
+        assert any("background" in n for n in res["notices"]), res["notices"]
+        assert searched < 5.0
+        assert running["embedded"] < running["total"] and (running["rate"] is None or running["rate"] > 0)
+        d.call("vault.lock", {"vault": vid})
+        d.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})
+        emb = _wait_done(d, vid)
+        assert emb["embedded"] == emb["total"] >= 300
+
+
+def test_rag_index_follows_the_background_job_to_the_end(tmp_path: Path) -> None:
+    if not MINILM.is_dir():  # pragma: no cover
+        raise AssertionError(f"{MINILM} is missing")
+    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, 120)
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        r = run_cli(d.home, "--json", "rag", "index", vid)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        status = _status(d, vid)
+        assert status["embedded"] == status["total"] and status["state"] == "done"
+
+
+def test_background_work_does_not_keep_a_vault_from_auto_locking(tmp_path: Path) -> None:
+    if not MINILM.is_dir():  # pragma: no cover
+        raise AssertionError(f"{MINILM} is missing")
+    cfg = f'[daemon]\nauto_lock_minutes = 0.02\n[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 1\n'
+    with running_daemon(cfg) as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, 400)
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not d.call("vault.status", {"vault": vid})["locked"]:
+            time.sleep(0.2)
+        assert d.call("vault.status", {"vault": vid})["locked"]
+
+
+def test_background_index_off_keeps_the_foreground_behaviour(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=1)
+    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n') as d:
+        vid = create_vault(d)
+        d.call("memory.add", {"vault": vid, "title": "t", "body": "coffee tea"})
+        time.sleep(0.5)
+        emb = _status(d, vid)
+        assert emb["state"] == "off"
+        out = cli_json(d.home, "rag", "index", vid)
+        assert out["embedded"] == 1
