@@ -55,3 +55,53 @@ def test_a_graph_failure_is_a_model_error_not_a_crash(embedder: LocalEmbedder, t
 
     with pytest.raises(InvalidModelOutput):
         embedder._run([[10**9]])  # an id no table has: the runtime's own error is translated
+
+
+def _model_that_fails_on(word: str, root: Path) -> Path:
+    """A tiny model whose tokenizer maps ``word`` past the embedding table while config.json claims
+    a larger table: the id guard cannot know, so the graph itself fails on that one fragment."""
+    import json
+
+    model = root / "failing"
+    make_tiny_model(model, seed=6)
+    tok = json.loads((model / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab[word] = max(vocab.values()) + 50
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["vocab_size"] = cfg["vocab_size"] + 1000
+    (model / "config.json").write_text(json.dumps(cfg))
+    return model
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_fragment_the_model_cannot_embed_is_skipped_and_costs_the_vault_nothing(tmp_path: Path, background: bool) -> None:
+    import time
+
+    from .conftest import cli_json, create_vault, running_daemon
+
+    model = _model_that_fails_on("zzcrash", tmp_path)
+    cfg = f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = {"true" if background else "false"}\n'
+    with running_daemon(cfg) as d:
+        vid = create_vault(d)
+        for i in range(40):
+            d.call("memory.add", {"vault": vid, "title": f"n{i}", "body": f"coffee tea mountain w{i:03d}"})
+        bad = d.call("memory.add", {"vault": vid, "title": "bad", "body": "coffee zzcrash tea"})["id"]
+        if background:
+            deadline = time.monotonic() + 30
+            while d.call("rag.status", {"vault": vid})["embedding"].get("state") != "done" and time.monotonic() < deadline:
+                time.sleep(0.05)
+        else:
+            out = cli_json(d.home, "rag", "index", vid)
+            assert out["embedded"] == 40
+        emb = d.call("rag.status", {"vault": vid})["embedding"]
+        assert emb["skipped"] == 1 and emb["embedded"] == 40 and emb["total"] == 41
+        # Every later search works; the skipped note is still found by bm25.
+        for mode in ("vector", "hybrid"):
+            assert d.call("rag.search", {"vault": vid, "query": "coffee tea", "mode": mode})["results"]
+        hits = d.call("rag.search", {"vault": vid, "query": "zzcrash", "mode": "bm25"})["results"]
+        assert [h["record_id"] for h in hits] == [bad]
+        # A query the model cannot read: hybrid answers from bm25 alone and says so.
+        res = d.call("rag.search", {"vault": vid, "query": "zzcrash", "mode": "hybrid"})
+        assert [h["record_id"] for h in res["results"]] == [bad] and any("lexical" in n for n in res["notices"])
+        assert "zzcrash" not in d.log_text()  # the log never holds the text

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceOnly, ModelUnavailable, QueryInvalid
+from ..errors import DeviceOnly, InvalidModelOutput, ModelUnavailable, QueryInvalid
 from ..index.caches import VaultIndex
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
@@ -147,11 +147,17 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
                     f"{rest:,} fragments have no vector yet, so vector results cover only part of the vault: "
                     "run `memories rag index` to embed them"
                 )
-        qvec = engine.embed_query(embedder, store, req.query, ctx)
+        try:
+            qvec: Any = engine.embed_query(embedder, store, req.query, ctx)
+        except InvalidModelOutput:
+            if mode != "hybrid":
+                raise
+            qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so
+            out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
         allowed: Any = None
         if req.cards_only:
             allowed = set(_allowed(idx, idx.live_frag_ids(), req))
-        pairs = space.search(qvec, max(n_cand, req.limit), allowed=allowed, min_score=req.min_score)
+        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, min_score=req.min_score)
         if req.match_mode != "any" and pairs:
             keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
             pairs = [(fid, s) for fid, s in pairs if fid in keep]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, CapExceeded
+from ..errors import Cancelled, CapExceeded, InvalidModelOutput
 from ..index.vector_store import (
     VectorStore,
     entry_key,
@@ -190,6 +190,7 @@ class VectorSpace:
             open_=self._sealer.open,
         )
         self.index = VectorIndex(dims, max_vector_mib=max_vector_mib)
+        self.skipped: set[str] = set()  # entry keys of fragments the model cannot embed (this unlock)
         self._known: dict[str, np.ndarray] | None = None  # sealed + recently dropped vectors by entry key
         self.lock = threading.RLock()
         register_space(store, self._sealer, identity, dims)
@@ -235,8 +236,12 @@ class VectorSpace:
             return result
 
     def missing(self, vault_index: Any) -> list[int]:
+        """Live fragments without a vector, except those recorded as skipped (cannot be embedded)."""
         with self.lock:
-            return [fid for fid in vault_index.live_frag_ids() if fid not in self.index]
+            out = [fid for fid in vault_index.live_frag_ids() if fid not in self.index]
+            if self.skipped:
+                out = [fid for fid in out if self.key_of(vault_index, fid) not in self.skipped]
+            return out
 
     def embed(
         self,
@@ -266,25 +271,59 @@ class VectorSpace:
                 doc, frag = vault_index.fragment(fid)
                 items.append((doc.title or None, frag.text))
                 keys.append(entry_key(frag.fingerprint, doc.title))
-            vecs = np.asarray(embed_fn(items), dtype=np.float32)
-            if vecs.shape != (len(batch), self.dims):
-                from ..errors import InvalidModelOutput
-
-                raise InvalidModelOutput(
-                    f"the embedder returned {vecs.shape} vectors for {len(batch)} fragments of {self.dims} dimensions"
-                )
+            rows = self._embed_batch(embed_fn, items, check)
             check()  # a lock or change while the batch ran: discard it
+            kept = [(fid, key, v) for fid, key, v in zip(batch, keys, rows, strict=True) if v is not None]
             with self.lock:
-                self.sidecar.append(dict(zip(keys, vecs, strict=True)))
-                if self._known is not None:
-                    self._known.update(zip(keys, vecs, strict=True))
-                live = [(fid, v) for fid, v in zip(batch, vecs, strict=True) if fid not in self.index]
-                if live:
-                    self.index.add([f for f, _ in live], np.stack([v for _, v in live]))
-            done += len(batch)
+                for key, v in zip(keys, rows, strict=True):
+                    if v is None:
+                        self.skipped.add(key)
+                        log.warning("vault %s: a fragment could not be embedded; it is skipped (still found by bm25)",
+                                    vault_index.vault_id)
+                if kept:
+                    self.sidecar.append({key: v for _, key, v in kept})
+                    if self._known is not None:
+                        self._known.update((key, v) for _, key, v in kept)
+                    live = [(fid, v) for fid, _, v in kept if fid not in self.index]
+                    if live:
+                        self.index.add([f for f, _ in live], np.stack([v for _, v in live]))
+            done += len(kept)
             if on_batch is not None:
                 on_batch(done)
         return done
+
+    def _embed_batch(
+        self,
+        embed_fn: Callable[[list[tuple[str | None, str]]], np.ndarray],
+        items: list[tuple[str | None, str]],
+        check: Callable[[], None],
+    ) -> list[np.ndarray | None]:
+        """One vector per item, or None for an item the model cannot embed.
+
+        A batch the model fails on is retried item by item, so one bad fragment (a token the graph
+        rejects, an invalid output) costs only itself, never the batch, the pass or later searches.
+        """
+        try:
+            return list(self._checked(embed_fn(items), len(items)))
+        except InvalidModelOutput:
+            if len(items) == 1:
+                return [None]
+        rows: list[np.ndarray | None] = []
+        for item in items:
+            check()
+            try:
+                rows.append(self._checked(embed_fn([item]), 1)[0])
+            except InvalidModelOutput:
+                rows.append(None)
+        return rows
+
+    def _checked(self, out: Any, n: int) -> np.ndarray:
+        vecs = np.asarray(out, dtype=np.float32)
+        if vecs.shape != (n, self.dims):
+            raise InvalidModelOutput(f"the embedder returned {vecs.shape} vectors for {n} fragments of {self.dims} dimensions")
+        if not np.all(np.isfinite(vecs)):
+            raise InvalidModelOutput("the embedder returned a vector that is not finite")
+        return vecs
 
     def search(self, query: np.ndarray, k: int, allowed: Any = None, min_score: float | None = None) -> list[tuple[int, float]]:
         with self.lock:

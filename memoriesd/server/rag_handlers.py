@@ -184,9 +184,11 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
         # The vault changed under the pass: finished batches are kept, the in-flight one was dropped,
         # and the caller starts the next pass on the new content (the CLI does so by itself).
         embedded, changed = kept[0], True
+    skipped = len(space.skipped)
     return {
         "embedded": embedded,
-        "remaining": len(missing) - embedded,
+        "remaining": max(0, len(space.missing(idx)) if not changed else len(missing) - embedded),
+        "skipped": skipped,
         "total": total,
         "model": space.identity,
         "seconds": round(time.monotonic() - t0, 3),
