@@ -182,6 +182,17 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         # Not loaded yet: counted from the sealed vectors on disk (they load on first vector search).
         where = "" if emb.get("vectors_loaded", True) else ", sealed on disk, not loaded yet"
         rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB){where}"])
+        if emb.get("skipped"):
+            rows.append(["skipped", f"{emb['skipped']:,} fragments the model cannot embed (still found by bm25)"])
+        if emb.get("state") not in (None, "off", "idle"):
+            line = str(emb["state"])
+            if emb.get("rate"):
+                line += f", {emb['rate']:.1f} fragments/s"
+            if emb.get("eta_seconds"):
+                line += f", about {_eta(float(emb['eta_seconds']))} left"
+            if emb.get("error"):
+                line += f": {emb['error']}"
+            rows.append(["background", line])
         model = str(emb.get("model", "?"))
         source = emb.get("source")
         rows.append(["model", f"{source} (identity {model[:16]}…)" if source and source != model else model])
@@ -190,6 +201,14 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
     else:
         rows.append(["model", "none: " + emb.get("hint", "")])
     table(["", ""], rows)
+
+
+def _eta(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 #: Passes in a row that a vault change ended before one batch was kept, before `rag index` gives up.

@@ -47,6 +47,8 @@ def test_ingest_alone_leaves_a_fully_embedded_vault(tmp_path: Path) -> None:
         assert emb["embedded"] == emb["total"] > 0 and emb["skipped"] == 0 and emb["eta_seconds"] is None
         res = d.call("rag.search", {"vault": vid, "query": "coffee", "mode": "vector"})
         assert res["results"] and res["missing_vectors"] == 0 and not res["notices"]
+        text = run_cli(d.home, "rag", "status", vid)
+        assert text.returncode == 0 and "background" in text.stdout and "done" in text.stdout
         # rag index attaches to the finished job: nothing left to do.
         out = cli_json(d.home, "rag", "index", vid)
         assert out["total"] == emb["total"] and out["embedded"] == 0
