@@ -181,6 +181,11 @@ class InvalidModelOutput(MemoriesError):
     code = "invalid_model_output"
 
 
+
+class ModelInputFailed(InvalidModelOutput):
+    """The local model failed on (or gave no usable vector for) particular inputs: a batch of
+    fragments is retried one by one and the one that fails is skipped, not the pass."""
+
 class RerankFailed(MemoriesError):
     code = "rerank_failed"
 

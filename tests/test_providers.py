@@ -212,8 +212,8 @@ def test_identity_names_protocol_host_model_and_dimensions(server: Mirror, clien
     a = RemoteEmbedder(client, compat_embed(server), ENV).identity
     b = RemoteEmbedder(client, compat_embed(server, dims=256), ENV).identity
     c = RemoteEmbedder(client, gemini_embed(server), ENV).identity
-    assert a == f"remote:compatible:127.0.0.1:{server.port}:nomic-embed-text:default"
-    assert b.endswith(":256") and a != b
+    assert a == f"remote:compatible:127.0.0.1:{server.port}:nomic-embed-text:default:d2"
+    assert b.endswith(":256:d2") and a != b
     assert c.startswith("remote:gemini:") and "models/gemini-embedding-001" in c
     assert KEY not in a + b + c
 

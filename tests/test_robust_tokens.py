@@ -105,3 +105,26 @@ def test_a_fragment_the_model_cannot_embed_is_skipped_and_costs_the_vault_nothin
         res = d.call("rag.search", {"vault": vid, "query": "zzcrash", "mode": "hybrid"})
         assert [h["record_id"] for h in res["results"]] == [bad] and any("lexical" in n for n in res["notices"])
         assert "zzcrash" not in d.log_text()  # the log never holds the text
+
+
+def test_what_the_embedder_reads_no_file_name_title_and_no_repeated_h1() -> None:
+    from memoriesd.index.bm25 import IndexedDoc
+    from memoriesd.index.caches import embed_input
+    from memoriesd.text.fragments import Fragment
+
+    def doc(title: str, source: str | None, kind: str = "card") -> IndexedDoc:
+        return IndexedDoc("r", 1, kind, title, "", source, ())
+
+    def frag(text: str, start: int = 0) -> Fragment:
+        return Fragment("r", 1, 0, start, start + len(text.encode()), text, "f")
+
+    # A title that is only the file name: the model card's "title: none".
+    assert embed_input(doc("d000123", "sub/d000123.md"), frag("some text")) == (None, "some text")
+    # A title from the H1: kept in the prompt, the H1 line not repeated in the first fragment.
+    assert embed_input(doc("Backups", "notes/b.md"), frag("# Backups\n\nWe copy nightly.")) == ("Backups", "We copy nightly.")
+    # Also when the H1 equals the file name (it is a real heading), and after front matter.
+    assert embed_input(doc("todo", "a/todo.md"), frag("---\ntags: [x]\n---\n# todo\nbuy milk")) == ("todo", "---\ntags: [x]\n---\nbuy milk")
+    # Later fragments and titles from elsewhere are unchanged; an untitled note has no title.
+    assert embed_input(doc("Backups", "notes/b.md"), frag("# Backups again", start=700)) == ("Backups", "# Backups again")
+    assert embed_input(doc("Ops", None, kind="memory"), frag("rotate keys")) == ("Ops", "rotate keys")
+    assert embed_input(doc("", None, kind="memory"), frag("x")) == (None, "x")

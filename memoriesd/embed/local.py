@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..config import LocalModelConfig
-from ..errors import InvalidModelOutput, ModelUnavailable
+from ..errors import ModelInputFailed, ModelUnavailable
 from .profile import (
     GEMMA_BOS_ID,
     GEMMA_EOS_ID,
@@ -204,7 +204,9 @@ class LocalEmbedder:
 
     def _identity(self) -> str:
         spec = {
-            "v": 1,
+            # 2: documents without a title of their own read "title: none", and the first
+            # fragment no longer repeats its "# H1" title line (see index.caches.embed_input).
+            "v": 2,
             "weights": self.weights_digest,
             "query_prompt": self.profile.query_prompt,
             "document_prompt": self.profile.document_prompt,
@@ -270,7 +272,7 @@ class LocalEmbedder:
         try:
             out = self._session.run([OUTPUT_NAME], feeds)[0]
         except Exception as exc:  # onnxruntime's own error types: translated here, at the boundary
-            raise InvalidModelOutput(
+            raise ModelInputFailed(
                 f"the local embedding model failed on an input ({type(exc).__name__}): the fragment is skipped"
             ) from exc
         return np.asarray(out, dtype=np.float32)
@@ -279,7 +281,7 @@ class LocalEmbedder:
         vecs = raw[:, : self.dimensions]
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         if not np.all(np.isfinite(norms)) or np.any(norms < 1e-6):
-            raise InvalidModelOutput(
+            raise ModelInputFailed(
                 "the local embedding model returned an invalid vector: reinstall it with `memories rag model-install`"
             )
         return np.ascontiguousarray(vecs / norms, dtype=np.float32)

@@ -9,9 +9,11 @@ daemon restart drop it (see :class:`IndexCache`).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
@@ -57,6 +59,33 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
         source=str(source) if source else None,
         fragments=tuple(frags),
     )
+
+
+_H1_LINE = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+
+
+def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
+    """What the embedder reads for a fragment: ``(title or None, text)``.
+
+    - The model card's ``title: none`` when the record has no title of its own: a card whose title
+      is only its file name (``notes/d000123.md`` -> ``d000123``) is embedded without a title.
+    - The ``# H1`` line that gave the title is not repeated in the first fragment's text (the title
+      is already in the prompt). Stored fragment text and byte offsets stay exact: only the
+      embedder's input changes.
+    """
+    title = doc.title.strip()
+    text = frag.text
+    if not title:
+        return None, text
+    if frag.start == 0:
+        m = _H1_LINE.search(text)
+        if m is not None and " ".join(m.group(1).split()) == title:
+            rest = text[m.end() :]
+            rest = rest[1:] if rest.startswith("\n") else rest
+            return title, (text[: m.start()] + rest).strip("\n") or text
+    if doc.kind == "card" and doc.source and PurePath(doc.source).stem == title:
+        return None, text
+    return title, text
 
 
 class VaultIndex:

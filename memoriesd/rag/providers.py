@@ -125,7 +125,8 @@ class RemoteEmbedder:
         else:
             self._model = svc.model
         dims = str(svc.dimensions) if svc.dimensions else "default"
-        self.identity = f"remote:{svc.protocol}:{self._ep.host}:{self._model}:{dims}"
+        # ":d2": the document input format of index.caches.embed_input (no file-name titles, no repeated H1).
+        self.identity = f"remote:{svc.protocol}:{self._ep.host}:{self._model}:{dims}:d2"
 
     @property
     def dimensions(self) -> int | None:

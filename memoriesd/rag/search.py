@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceOnly, InvalidModelOutput, ModelUnavailable, QueryInvalid
+from ..errors import DeviceOnly, ModelInputFailed, ModelUnavailable, QueryInvalid
 from ..index.caches import VaultIndex
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
@@ -149,7 +149,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
                 )
         try:
             qvec: Any = engine.embed_query(embedder, store, req.query, ctx)
-        except InvalidModelOutput:
+        except ModelInputFailed:
             if mode != "hybrid":
                 raise
             qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, CapExceeded, InvalidModelOutput
+from ..errors import Cancelled, CapExceeded, InvalidModelOutput, ModelInputFailed
+from ..index.caches import embed_input
 from ..index.vector_store import (
     VectorStore,
     entry_key,
@@ -269,7 +270,7 @@ class VectorSpace:
             keys = []
             for fid in batch:
                 doc, frag = vault_index.fragment(fid)
-                items.append((doc.title or None, frag.text))
+                items.append(embed_input(doc, frag))
                 keys.append(entry_key(frag.fingerprint, doc.title))
             rows = self._embed_batch(embed_fn, items, check)
             check()  # a lock or change while the batch ran: discard it
@@ -304,17 +305,22 @@ class VectorSpace:
         rejects, an invalid output) costs only itself, never the batch, the pass or later searches.
         """
         try:
-            return list(self._checked(embed_fn(items), len(items)))
-        except InvalidModelOutput:
-            if len(items) == 1:
-                return [None]
+            out = embed_fn(items)
+        except ModelInputFailed:
+            out = None
+        if out is not None:  # a wrong shape is the service's or model's fault, not one fragment's: raised
+            return list(self._checked(out, len(items)))
+        if len(items) == 1:
+            return [None]
         rows: list[np.ndarray | None] = []
         for item in items:
             check()
             try:
-                rows.append(self._checked(embed_fn([item]), 1)[0])
-            except InvalidModelOutput:
+                one = embed_fn([item])
+            except ModelInputFailed:
                 rows.append(None)
+                continue
+            rows.append(self._checked(one, 1)[0])
         return rows
 
     def _checked(self, out: Any, n: int) -> np.ndarray:
