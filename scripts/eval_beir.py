@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Retrieval quality of Memories on a BEIR-format dataset, through the real daemon.
 
-Ingests ``corpus.jsonl`` (each document's title as its title) into a throw-away vault, runs the
+Ingests ``corpus.jsonl`` into a throw-away vault the way people add notes: each document becomes a
+Markdown file ``# Title`` + text, ingested with ``rag ingest`` (``--ingest records`` adds records
+through ``memory.add`` instead, title apart, as earlier versions did), runs the
 queries of ``qrels/<split>.tsv`` with ``rag search``, ranks documents by their best fragment and
 prints one JSON object per run: ndcg@10, recall@100, p50_ms, p95_ms, queries, documents, mode.
 
@@ -114,6 +116,28 @@ def start_daemon(home: Path, model_dir: str | None, n_docs: int) -> subprocess.P
     raise SystemExit("daemon did not start")
 
 
+def ingest_files(conn: Conn, vid: str, corpus: list[dict[str, Any]], home: Path) -> float:
+    """Write each document as ``d000123.md`` (``# Title`` + text) and `rag ingest` the folder.
+    Records the record id -> document id mapping in ``home/eval-records.json``; returns seconds."""
+    folder = home / "eval-docs"
+    folder.mkdir(exist_ok=True)
+    names: dict[str, str] = {}
+    for i, doc in enumerate(corpus):
+        name = f"d{i:06d}.md"
+        title = " ".join((doc.get("title") or "").split())
+        text = doc["text"] or ""
+        (folder / name).write_text(f"# {title}\n\n{text}\n" if title else f"{text}\n", encoding="utf-8")
+        names[name] = str(doc["_id"])
+    t0 = time.perf_counter()
+    report = conn.call("rag.ingest", {"vault": vid, "paths": [str(folder.resolve())], "recursive": True})
+    seconds = time.perf_counter() - t0
+    if report["refused"]:
+        print(json.dumps({"refused": report["refused"][:5], "count": len(report["refused"])}), file=sys.stderr)
+    rid_to_doc = {r["id"]: names[Path(r["path"]).name] for r in report["records"] if Path(r.get("path", "")).name in names}
+    (home / "eval-records.json").write_text(json.dumps(rid_to_doc))
+    return seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dataset", type=Path)
@@ -126,6 +150,9 @@ def main() -> None:
     ap.add_argument("--max-queries", type=int, default=None)
     ap.add_argument("--limit", type=int, default=100, help="fragments retrieved per query (1-100)")
     ap.add_argument("--home", type=Path, default=None, help="keep the vault here and reuse it next time")
+    ap.add_argument("--ingest", choices=["files", "records"], default="files",
+                    help="files: `# Title` Markdown files through rag ingest (the default, as people add notes); "
+                    "records: memory.add with the title apart")
     args = ap.parse_args()
     modes = args.mode or ["bm25"]
     if any(m != "bm25" for m in modes) and not args.model_dir:
@@ -152,11 +179,17 @@ def main() -> None:
         else:
             vid = conn.call("vault.create", {"name": "eval", "passphrase": PASSPHRASE})["vault_id"]
             t0 = time.perf_counter()
-            for doc in corpus:
-                conn.call("memory.add", {"vault": vid, "title": doc.get("title") or "", "body": doc["text"] or doc.get("title") or "-", "tags": [f"beir:{doc['_id']}"]})
-            ingest_s = time.perf_counter() - t0
+            if args.ingest == "files":
+                ingest_s = ingest_files(conn, vid, corpus, home)
+            else:
+                for doc in corpus:
+                    conn.call("memory.add", {"vault": vid, "title": doc.get("title") or "", "body": doc["text"] or doc.get("title") or "-", "tags": [f"beir:{doc['_id']}"]})
+                ingest_s = time.perf_counter() - t0
         # Map record ids back to BEIR ids.
         rid_to_doc = {}
+        mapping = home / "eval-records.json"
+        if mapping.exists():
+            rid_to_doc = json.loads(mapping.read_text())
         for r in conn.call("memory.list", {"vault": vid})["records"]:
             tag = next((t for t in r["tags"] if t.startswith("beir:")), None)
             if tag:
