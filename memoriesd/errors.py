@@ -30,6 +30,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "vault_not_found": EXIT_NOT_FOUND,
     "vault_corrupt": EXIT_CORRUPT,
     "daemon_unreachable": EXIT_UNREACHABLE,
+    "busy": EXIT_UNREACHABLE,
 }
 
 
@@ -77,6 +78,12 @@ class DaemonUnreachable(MemoriesError):
     code = "daemon_unreachable"
 
 
+class Busy(MemoriesError):
+    """The daemon already serves ``[daemon] max_connections`` connections: this one is refused."""
+
+    code = "busy"
+
+
 class DaemonRunning(MemoriesError):
     code = "daemon_running"
 
@@ -103,6 +110,16 @@ class BadPassphrase(MemoriesError):
 
 class VaultCorrupt(MemoriesError):
     code = "vault_corrupt"
+
+
+class DiskError(MemoriesError):
+    """The disk reported an error while a vault was written (a failed write, fsync or rename).
+
+    When it says the durability is unknown, the store refuses every further write until the
+    vault is locked and unlocked (which re-reads the files and recovers what was written).
+    """
+
+    code = "io_error"
 
 
 class VaultNotFound(MemoriesError):

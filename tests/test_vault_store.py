@@ -263,7 +263,7 @@ def test_nothing_readable_on_disk(tmp_path: Path) -> None:
 
 
 def _expect_detected(d: Path, original: dict[str, str]) -> str:
-    """Open the tampered vault: it must fail, or (for dropped unacknowledged bytes) be unchanged."""
+    """Open the tampered vault: it must fail, or (for bytes moved aside, never applied) be unchanged."""
     try:
         got = snapshot(d)
     except (VaultCorrupt, BadPassphrase):
@@ -394,24 +394,34 @@ def test_swapped_replayed_and_moved_records_are_corrupt(tmp_path: Path) -> None:
     assert len(snapshot(d)) == 4
 
 
-def test_old_head_with_newer_log_drops_unacknowledged_tail_only(tmp_path: Path) -> None:
-    """A crash after the log fsync but before the head commit: the tail was never acknowledged."""
+def test_an_older_head_put_back_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    """Issue 13: an older head.bin (a rollback, or a backup tool restoring one file) used to cut
+    acknowledged records off the log. The complete group after the head is rolled forward."""
     d, _ = make_vault(tmp_path, 2)
     head_before = (d / HEAD_NAME).read_bytes()
     s = VaultStore.open(d, passphrase=PW)
-    s.commit([rec("late")])
+    s.commit([rec("late")])  # acknowledged
     s.close()
+    log_after = (d / log_name(0)).read_bytes()
     (d / HEAD_NAME).write_bytes(head_before)
     got = snapshot(d)
-    assert len(got) == 2 and "late" not in got.values()
+    assert len(got) == 3 and "late" in got.values()
+    assert (d / log_name(0)).read_bytes() == log_after  # not one byte removed
+    assert (d / HEAD_NAME).read_bytes() != head_before  # a new head covers the recovered group
+    assert snapshot(d) == got
 
 
-def test_torn_tail_is_dropped(tmp_path: Path) -> None:
+def test_torn_tail_is_moved_aside_not_deleted(tmp_path: Path) -> None:
     d, _ = make_vault(tmp_path, 2)
+    acknowledged = (d / log_name(0)).stat().st_size
+    torn = struct.pack(">I", 500) + os.urandom(40)
     with open(d / log_name(0), "ab") as f:
-        f.write(struct.pack(">I", 500) + os.urandom(40))
+        f.write(torn)
     assert len(snapshot(d)) == 2
+    assert (d / log_name(0)).stat().st_size == acknowledged
+    assert (d / f"preserved-tail-00000000-{acknowledged}.bin").read_bytes() == torn
     assert len(snapshot(d)) == 2
+    assert (d / f"preserved-tail-00000000-{acknowledged}.bin").read_bytes() == torn  # kept by later unlocks
 
 
 def test_larger_vault_2000_flips_and_every_boundary(tmp_path: Path) -> None:

@@ -7,11 +7,18 @@
     vaults/<vault_id>/log-<epoch>.bin   append-only sealed records: [u32 length][nonce|ciphertext|tag]...
     vaults/<vault_id>/vectors-*.bin     sealed embedding sidecars (derived data)
     vaults/<vault_id>/vector-spaces.bin sealed list of the sidecars' model identities (derived data)
+    vaults/<vault_id>/preserved-*.bin   sealed log bytes that unlock moved aside instead of deleting
 
 Each log entry is AES-256-GCM sealed with associated data binding it to the vault id, the log
 epoch, its sequence number and the hash chain of every entry before it, so an entry cannot be
 moved, swapped, replayed or dropped without detection. The head is rewritten atomically after
 every durable batch; a log cannot prove its own length, the head does.
+
+The last entry of every group (the entries one head write covers) carries ``"g": 1`` inside its
+sealed JSON, so the log itself says where complete writes end: on unlock, complete groups found
+after the head (a crash between the log fsync and the head write, or an older head.bin put back)
+are rolled forward, and the bytes of an incomplete one are moved to a ``preserved-*`` file,
+never deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ HEADER_NAME = "header.json"
 HEAD_NAME = "head.bin"
 LEN = struct.Struct(">I")
 MAX_ENTRY_BYTES = 64 * 1024 * 1024
+# Key set (to 1) inside the sealed entry that ends a group: the entries one head write covers (a
+# group commit, or a whole compacted log). Record.from_entry and settings ignore it; logs written
+# before it existed have no marker, and their prefix covered by the head reads as before.
+GROUP_END = "g"
+# Prefix of the files where recovery keeps log bytes it takes out of (or away from) the log.
+PRESERVED_PREFIX = "preserved-"
 
 # Bounds applied when KDF parameters are read back from a header (a hostile header must not make
 # unlock allocate gigabytes or spin for minutes).
@@ -64,8 +77,36 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class DirSyncFailed(OSError):
+    """:func:`atomic_write` renamed the new file into place, then the directory fsync failed.
+
+    The new content is what the file now reads, but whether the rename survives a power loss is
+    unknown (the old content may come back). Callers that must know whether a rename happened
+    (the vault head) tell this apart from every other ``OSError``, after which nothing was renamed.
+    """
+
+    renamed = True
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file (O_EXCL, 0600), fsync, rename, fsync dir."""
+    """Write ``data`` to ``path`` atomically: temp file (O_EXCL, 0600), fsync, rename, fsync dir.
+
+    Raises :class:`DirSyncFailed` (an ``OSError``) when only the final directory fsync failed;
+    any other error means ``path`` was not replaced.
+    """
+    replace_file(path, data)
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise DirSyncFailed(exc.errno, exc.strerror or "directory fsync failed", str(path)) from exc
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """The first steps of :func:`atomic_write`: temp file, fsync, rename; no directory fsync.
+
+    For a caller that must know exactly whether the rename happened whatever fails next: when
+    this returns, ``path`` reads ``data``; when it raises, ``path`` was not replaced.
+    """
     tmp = path.with_name(f".{path.name}.{crypto.random_bytes(6).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -79,8 +120,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -227,11 +271,70 @@ def next_hash(prev_hash: bytes, blob: bytes) -> bytes:
     return crypto.digest(prev_hash + blob)
 
 
-def encode_entry(sealer: crypto.Sealer, vault_id: str, epoch: int, seq: int, prev: bytes, entry: dict[str, Any]) -> bytes:
-    """Framed sealed entry (length prefix + blob)."""
-    plaintext = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+def entry_plaintext(entry: dict[str, Any]) -> bytes:
+    """The JSON an entry is sealed as (raises ``UnicodeError``/``TypeError`` for what cannot be encoded)."""
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def seal_entry(sealer: crypto.Sealer, vault_id: str, epoch: int, seq: int, prev: bytes, plaintext: bytes) -> bytes:
+    """Framed sealed entry (length prefix + blob) of an encoded entry."""
     blob = sealer.seal(plaintext, entry_aad(vault_id, epoch, seq, prev))
     return LEN.pack(len(blob)) + blob
+
+
+def encode_entry(sealer: crypto.Sealer, vault_id: str, epoch: int, seq: int, prev: bytes, entry: dict[str, Any]) -> bytes:
+    """Framed sealed entry (length prefix + blob)."""
+    return seal_entry(sealer, vault_id, epoch, seq, prev, entry_plaintext(entry))
+
+
+@dataclass
+class TailGroup:
+    """A complete group found after the head: its entries and the head that would cover it."""
+
+    entries: list[dict[str, Any]]
+    end: Head
+
+
+def decode_tail(sealer: crypto.Sealer, vault_id: str, data: bytes, head: Head) -> tuple[list[TailGroup], int]:
+    """Complete groups written after ``head`` (entries that authenticate and chain on from it,
+    up to and including an entry marked :data:`GROUP_END`), and the offset where the rest starts.
+
+    Everything from that offset on is a torn or unmarked (legacy) write: it is never applied.
+    Decoding stops at the first entry that does not frame, authenticate or parse.
+    """
+    groups: list[TailGroup] = []
+    pending: list[dict[str, Any]] = []
+    pos, seq, prev = head.log_bytes, head.count, head.last_hash
+    kept = pos
+    while pos + LEN.size <= len(data):
+        (n,) = LEN.unpack_from(data, pos)
+        if n < crypto.SEAL_OVERHEAD or n > MAX_ENTRY_BYTES or pos + LEN.size + n > len(data):
+            break
+        blob = data[pos + LEN.size : pos + LEN.size + n]
+        try:
+            entry = json.loads(sealer.open(blob, entry_aad(vault_id, head.epoch, seq, prev)).decode("utf-8"))
+        except (crypto.CryptoFailure, ValueError, UnicodeDecodeError):
+            break
+        if not isinstance(entry, dict):
+            break
+        pending.append(entry)
+        prev = next_hash(prev, blob)
+        pos += LEN.size + n
+        seq += 1
+        if entry.get(GROUP_END) == 1:
+            groups.append(TailGroup(pending, Head(head.epoch, seq, pos, prev)))
+            pending = []
+            kept = pos
+    return groups, kept
+
+
+def decode_full_log(sealer: crypto.Sealer, vault_id: str, epoch: int, data: bytes) -> list[dict[str, Any]] | None:
+    """Every entry of a whole log file, or None unless all of its bytes decode as one chain."""
+    start = Head(epoch, 0, 0, chain_start(vault_id, epoch))
+    groups, kept = decode_tail(sealer, vault_id, data, start)
+    if kept != len(data):
+        return None
+    return [entry for group in groups for entry in group.entries]
 
 
 def decode_log(

@@ -2,26 +2,36 @@
 
 A :class:`VaultStore` exists only while a vault is unlocked. Every write is a *batch*: its
 entries are appended and fsynced, then the sealed head is replaced atomically; only then is the
-batch applied in memory and acknowledged. A crash before the head commit leaves bytes after the
-acknowledged length, which the next unlock drops (and logs).
+batch applied in memory and acknowledged. Batches written together form a *group* whose last
+entry is marked (:data:`~.format.GROUP_END`). On unlock, bytes after the head's length are never
+just deleted: complete groups (a crash after the log fsync, or an older head.bin put back) are
+rolled forward under a new head, and an incomplete group's bytes (or a log of a newer epoch than
+the head's) are moved to a ``preserved-*`` file. When the disk fails a write after the point where its outcome is certain, the callers get
+``io_error`` and the store refuses further writes until the vault is locked and unlocked.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import json
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadPassphrase, Internal, NotFound, UsageError, VaultCorrupt
+from ..errors import BadPassphrase, DiskError, Internal, NotFound, UsageError, VaultCorrupt
 from . import crypto
 from .format import (
+    GROUP_END,
     HEAD_NAME,
     HEADER_NAME,
+    PRESERVED_PREFIX,
+    DirSyncFailed,
     Head,
     Header,
     atomic_write,
@@ -29,17 +39,40 @@ from .format import (
     b64e,
     chain_start,
     decode_log,
+    decode_tail,
     encode_entry,
+    entry_plaintext,
     fsync_dir,
     log_name,
     next_hash,
     open_head,
     read_header,
+    replace_file,
+    seal_entry,
     seal_head,
 )
 from .records import Record, now
 
 log = logging.getLogger("memoriesd.vault")
+
+_LOG_FILE = re.compile(r"log-(\d{8,})\.bin")
+
+
+def _why(exc: BaseException) -> str:
+    """What the OS said, for a one-line message (never a path or any vault content)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        view = view[n:]
+        offset += n
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,9 @@ class VaultStore:
         self.generation = 0  # bumps on every change: caches compare it
         self.head = Head(0, 0, 0, chain_start(self.vault_id, 0))
         self.closed = False
+        # Set once the disk failed a write in a way that leaves its outcome unknown: every later
+        # write is refused until the vault is locked and unlocked (which re-reads the files).
+        self._failed: str | None = None
 
     @property
     def name(self) -> str:
@@ -198,17 +234,122 @@ class VaultStore:
             except (KeyError, ValueError, TypeError, AssertionError) as exc:
                 raise VaultCorrupt(f"vault {label} is damaged (a record is malformed): restore from a backup") from exc
         self.head = head
-        if len(data) > head.log_bytes:
-            log.warning("vault %s: dropped a torn or unacknowledged log tail of %d bytes", self.vault_id, len(data) - head.log_bytes)
+        try:
+            if len(data) > head.log_bytes:
+                self._recover_tail(path, data)
+            self._clean_leftovers()
+        except OSError as exc:
+            raise DiskError(
+                f"vault {label} could not finish recovering an interrupted write: the disk reported an error "
+                f"({_why(exc)}); no data was removed: check the disk, then unlock the vault again"
+            ) from exc
+
+    def _recover_tail(self, path: Path, data: bytes) -> None:
+        """Bytes after the head: roll complete groups forward, move the rest to a preserved file.
+
+        A complete group was fully written and fsynced before its head write (a crash in
+        between), or it was acknowledged under a newer head than the one on disk (an older
+        head.bin was put back): either way it is applied and a new head covers it. What follows
+        the last complete group (a torn group, never acknowledged, or a log written before group
+        markers existed) is copied, still sealed, to ``preserved-tail-<epoch>-<offset>.bin``
+        before the log is cut back: nothing is ever deleted.
+        """
+        label = self.name
+        groups, kept = decode_tail(self._records, self.vault_id, data, self.head)
+        for group in groups:
+            for entry in group.entries:
+                try:
+                    self._apply(entry)
+                except (KeyError, ValueError, TypeError, AssertionError) as exc:
+                    raise VaultCorrupt(f"vault {label} is damaged (a record is malformed): restore from a backup") from exc
+        if kept < len(data):
+            name = self._preserve_bytes(f"{PRESERVED_PREFIX}tail-{self.head.epoch:08d}-{kept}.bin", data[kept:])
+            log.warning(
+                "vault %s: moved %d bytes of an incomplete or unmarked log write to %s (sealed, not loaded)",
+                self.vault_id,
+                len(data) - kept,
+                name,
+            )
+        if groups:
+            new_head = groups[-1].end
+            self._write_head(new_head)
+            log.warning(
+                "vault %s: recovered %d log entries (%d complete writes) found after the head",
+                self.vault_id,
+                new_head.count - self.head.count,
+                len(groups),
+            )
+            self.head = new_head
+        if kept < len(data):
             with open(path, "r+b") as f:
-                f.truncate(head.log_bytes)
+                f.truncate(kept)
                 os.fsync(f.fileno())
-        # Leftovers of an interrupted compaction or atomic write.
-        for p in self.dir.iterdir():
-            stale = (p.name.startswith("log-") and p.name != path.name) or (p.name.startswith(".") and p.name.endswith(".tmp"))
-            if stale:
-                log.warning("vault %s: removed a leftover file from an interrupted write", self.vault_id)
+
+    def _names(self, name: str) -> Iterator[Path]:
+        """``name``, then ``stem-2.ext``, ``stem-3.ext``...: a preserved file never replaces another."""
+        stem, dot, ext = name.rpartition(".")
+        yield self.dir / name
+        for n in itertools.count(2):
+            yield self.dir / f"{stem}-{n}{dot}{ext}"
+
+    def _free_name(self, name: str) -> Path:
+        return next(p for p in self._names(name) if not os.path.lexists(p))
+
+    def _preserve_bytes(self, name: str, data: bytes) -> str:
+        """Keep ``data`` (ciphertext) durably in a preserved file; returns its name."""
+        for candidate in self._names(name):
+            if not os.path.lexists(candidate):
+                atomic_write(candidate, data)
+                return candidate.name
+            if candidate.is_file() and candidate.read_bytes() == data:
+                return candidate.name  # kept by an earlier unlock that stopped before cutting the log
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _clean_leftovers(self) -> None:
+        """Remove what is provably redundant; preserve a log the head does not explain.
+
+        - ``.*.tmp``: temp files of atomic writes that never renamed (the target is intact).
+        - a log of an OLDER epoch than the head's: removed. The head names a newer log, and a
+          head can only name a log once that log was written and fsynced in full (compaction
+          writes the whole new log first), so the older log is a finished compaction's input.
+        - a log of a NEWER epoch than the head's: never removed. It is normally an interrupted
+          compaction (a copy of what the current log holds), but it can also be the real vault
+          beside an older head.bin and log that were put back (a rollback or a partial restore),
+          and from the files alone the two cannot be told apart without trusting a comparison
+          with the loaded state. Keeping it costs only disk space, so it is renamed to
+          ``preserved-log-<epoch>.bin`` (out of the way of the next compaction, never loaded)
+          and the daemon log says so. ``preserved-*`` files and ``unlock-failures`` are never
+          touched here.
+        """
+        changed = False
+        for p in sorted(self.dir.iterdir()):
+            name = p.name
+            if name.startswith(".") and name.endswith(".tmp"):
+                log.warning("vault %s: removed a temp file of an interrupted write", self.vault_id)
                 p.unlink(missing_ok=True)
+                changed = True
+                continue
+            m = _LOG_FILE.fullmatch(name)
+            if m is None or int(m.group(1)) == self.head.epoch:
+                continue
+            epoch = int(m.group(1))
+            if epoch < self.head.epoch:
+                log.warning("vault %s: removed the log of epoch %d (replaced by a compaction)", self.vault_id, epoch)
+                p.unlink(missing_ok=True)
+            else:
+                target = self._free_name(f"{PRESERVED_PREFIX}{name}")
+                os.rename(p, target)
+                log.warning(
+                    "vault %s: kept a log of epoch %d, newer than the head's (epoch %d), as %s; it was "
+                    "not loaded (an interrupted compaction, or an older head.bin put back)",
+                    self.vault_id,
+                    epoch,
+                    self.head.epoch,
+                    target.name,
+                )
+            changed = True
+        if changed:
+            fsync_dir(self.dir)
 
     def close(self) -> None:
         """Forget the key and every record (lock)."""
@@ -279,7 +420,7 @@ class VaultStore:
     def _write_group(self, group: list[_Batch]) -> None:
         """Write batches as one durable append; each is finished with its own outcome. Caller holds ``self.lock``."""
         try:
-            self._check_open()
+            self._check_writable()
         except BaseException as exc:
             for b in group:
                 b.finish(exc)
@@ -287,52 +428,122 @@ class VaultStore:
         head = self.head
         revs: dict[str, int] = {}
         ok: list[_Batch] = []
-        chunks: list[bytes] = []
-        prev = head.last_hash
-        seq = head.count
+        plain: list[tuple[dict[str, Any], bytes]] = []
         for b in group:
             problem = self._invalid(b.entries, revs)
             if problem is not None:
                 b.finish(ValueError(problem))
                 continue
             try:  # a batch that cannot be encoded (e.g. a lone surrogate) fails alone
-                framed_batch = []
-                b_prev, b_seq = prev, seq
-                for entry in b.entries:
-                    framed = encode_entry(self._records, self.vault_id, head.epoch, b_seq, b_prev, entry)
-                    b_prev = next_hash(b_prev, framed[4:])
-                    framed_batch.append(framed)
-                    b_seq += 1
+                encoded = [(entry, entry_plaintext(entry)) for entry in b.entries]
             except Exception as exc:  # noqa: BLE001 - handed to its caller
                 b.finish(UsageError("a record could not be encoded: its text is not valid Unicode") if isinstance(exc, UnicodeError) else exc)
                 continue
             self._commit_revs(b.entries, revs)
-            chunks.extend(framed_batch)
-            prev, seq = b_prev, b_seq
+            plain.extend(encoded)
             ok.append(b)
         if not ok:
             return
-        data = b"".join(chunks)
-        path = self.dir / log_name(head.epoch)
-        new_head = Head(head.epoch, seq, head.log_bytes + len(data), prev)
+        # The group's last entry says "a head write covers everything up to here" (see _recover_tail).
+        last = plain[-1][0]
+        plain[-1] = (last, entry_plaintext({**last, GROUP_END: 1}))
+        chunks: list[bytes] = []
+        prev, seq = head.last_hash, head.count
         try:
-            with open(path, "r+b") as f:
-                try:
-                    f.seek(head.log_bytes)
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                    self._write_head(new_head)
-                except BaseException:
-                    try:
-                        f.truncate(head.log_bytes)
-                    except OSError:
-                        pass
-                    raise
-        except BaseException as exc:
+            for _, plaintext in plain:
+                framed = seal_entry(self._records, self.vault_id, head.epoch, seq, prev, plaintext)
+                prev = next_hash(prev, framed[4:])
+                chunks.append(framed)
+                seq += 1
+        except Exception as exc:  # noqa: BLE001 - handed to the callers (a key wiped by lock...)
             for b in ok:
                 b.finish(exc)
             return
+        data = b"".join(chunks)
+        new_head = Head(head.epoch, seq, head.log_bytes + len(data), prev)
+        failure = self._append(data, new_head)
+        if failure is None:
+            self._apply_group(ok, new_head, None)
+        elif failure[0] == "durable":  # in the log, maybe under the new head: memory shows it
+            self._apply_group(ok, new_head, failure[1])
+        else:  # "unsaved" or "unknown": memory keeps what is certain, the state before the group
+            for b in ok:
+                b.finish(failure[1])
+
+    def _append(self, data: bytes, new_head: Head) -> tuple[str, BaseException] | None:
+        """Append a group and commit its head. None when all of it is durable; otherwise how far
+        it got and the error for its callers:
+
+        - ``unsaved``: the append did not complete and its bytes were cut back off (they cannot
+          hold a complete group); the store stays usable;
+        - ``unknown``: the log fsync failed, so whether the group is on disk is unknown (the log
+          is left as it is: the next unlock rolls the group forward if it is complete there), or
+          a failed append could not be cut back (nothing was saved, but the file is not trusted);
+        - ``durable``: the log fsync succeeded, then the head write failed before or after its
+          rename: the group is in the log and the next unlock rolls it forward if the new head is
+          not there. The log is never cut under a head that may already cover it.
+
+        In the last two cases the store refuses further writes until lock and unlock.
+        """
+        head = self.head
+        path = self.dir / log_name(head.epoch)
+        stage = "append"
+        fd = -1
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            _pwrite_all(fd, data, head.log_bytes)
+            stage = "fsync"
+            os.fsync(fd)
+            stage = "head"
+            os.close(fd)
+            fd = -1
+            self._write_head(new_head)
+            return None
+        except BaseException as exc:
+            if stage == "append":
+                try:
+                    if fd >= 0:
+                        os.ftruncate(fd, head.log_bytes)
+                        os.fsync(fd)
+                except OSError as cut:
+                    log.warning("vault %s: a failed append could not be cut back (%s)", self.vault_id, _why(cut))
+                    return "unknown", self._fail(exc, saved=False)
+                if not isinstance(exc, OSError):
+                    return "unsaved", exc
+                return "unsaved", DiskError(
+                    f"vault {self.name}: the write failed and nothing was saved: the disk reported an error "
+                    f"({_why(exc)}); check the disk (is it full?) and try again"
+                )
+            if stage == "fsync":
+                return "unknown", self._fail(exc, saved=None)
+            renamed = isinstance(exc, DirSyncFailed)
+            log.warning(
+                "vault %s: the head write failed %s its rename (%s); the fsynced log entries are kept",
+                self.vault_id,
+                "after" if renamed else "before",
+                _why(exc),
+            )
+            return "durable", self._fail(exc, saved=None)
+        finally:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _fail(self, exc: BaseException, *, saved: bool | None) -> DiskError:
+        """Enter the failed state after a disk error; the error for the write's callers."""
+        self._failed = _why(exc)
+        outcome = "nothing was saved" if saved is False else "whether the write was saved is unknown"
+        err = DiskError(
+            f"vault {self.name}: the disk reported an error ({_why(exc)}), so {outcome}: check the disk, "
+            f"then lock and unlock the vault (it refuses writes until then)"
+        )
+        err.__cause__ = exc
+        return err
+
+    def _apply_group(self, ok: list[_Batch], new_head: Head, error: BaseException | None) -> None:
+        """The group is in the log: make memory match it, and answer each caller."""
         self.head = new_head
         self.generation += 1
         for b in ok:
@@ -343,7 +554,7 @@ class VaultStore:
                 log.exception("vault %s: a durable batch could not be applied in memory", self.vault_id)
                 b.finish(Internal("a record was written but not loaded: lock and unlock the vault, and report this as a bug"))
                 continue
-            b.finish(None)
+            b.finish(error)
 
     def _invalid(self, entries: list[dict[str, Any]], revs: dict[str, int]) -> str | None:
         """Why a batch could not be applied after the ones before it in ``revs`` (None: it can)."""
@@ -375,6 +586,14 @@ class VaultStore:
             from ..errors import VaultLocked
 
             raise VaultLocked(f"vault {self.name} is locked: run `memories vault unlock {self.name}`")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._failed is not None:
+            raise DiskError(
+                f"vault {self.name} refuses writes after a disk error ({self._failed}) left a write's outcome "
+                f"unknown: check the disk, then lock and unlock the vault"
+            )
 
     # ------------------------------------------------------------------ reads
 
@@ -412,7 +631,7 @@ class VaultStore:
     def compact(self, keep_revisions: int) -> dict[str, int]:
         """Rewrite the log without deleted records and revisions beyond ``keep_revisions``."""
         with self.lock:
-            self._check_open()
+            self._check_writable()
             epoch = self.head.epoch + 1
             kept: list[dict[str, Any]] = []
             for key, value in self.settings.items():
@@ -425,11 +644,18 @@ class VaultStore:
                 live = [r for r in revs if not r.deleted][-keep_revisions:]
                 new_records[rid] = live
                 kept.extend(r.to_entry() for r in live)
+            if kept:  # the whole new log is one group: its head covers all of it
+                kept[-1] = {**kept[-1], GROUP_END: 1}
             prev = chain_start(self.vault_id, epoch)
             path = self.dir / log_name(epoch)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            old = self.dir / log_name(self.head.epoch)
             total = 0
+            created = False
+            renamed = False  # set the moment the head naming the new log is in place
+            new_head: Head | None = None
             try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                created = True
                 with os.fdopen(fd, "wb") as f:
                     for seq, entry in enumerate(kept):
                         framed = encode_entry(self._records, self.vault_id, epoch, seq, prev, entry)
@@ -440,23 +666,54 @@ class VaultStore:
                     os.fsync(f.fileno())
                 fsync_dir(self.dir)
                 new_head = Head(epoch, len(kept), total, prev)
-                self._write_head(new_head)
-            except BaseException:
-                path.unlink(missing_ok=True)
+                # The head's steps one by one (not atomic_write): whatever fails after the rename,
+                # this code knows the new head is in place and must not remove the new log.
+                replace_file(self.dir / HEAD_NAME, seal_head(self._head_sealer, self.vault_id, new_head))
+                renamed = True
+                fsync_dir(self.dir)
+            except BaseException as exc:
+                if renamed:
+                    assert new_head is not None
+                    # The head naming the new log is in place: the new log IS the vault now, and
+                    # the old one stays too (the rename may not survive a power loss). The next
+                    # unlock removes the old log if the head on disk names the new one, and keeps
+                    # the new log as a preserved file if the old head came back.
+                    self._compacted(new_head, new_records)
+                    raise self._fail(exc, saved=None) from exc
+                # The head was not replaced (this process knows it): the new log is an unused copy
+                # of entries the old one holds, and this process created it.
+                if created:
+                    try:
+                        path.unlink(missing_ok=True)
+                    except OSError:
+                        pass  # the next unlock keeps it aside as a preserved-log file
+                if isinstance(exc, OSError):
+                    raise DiskError(
+                        f"vault {self.name} was not compacted: the disk reported an error ({_why(exc)}); "
+                        f"nothing changed: check the disk and try again"
+                    ) from exc
                 raise
-            old = self.dir / log_name(self.head.epoch)
-            self.head = new_head
-            self.records = new_records
-            old.unlink(missing_ok=True)
-            fsync_dir(self.dir)
-            self.generation += 1
+            self._compacted(new_head, new_records)
+            try:
+                old.unlink(missing_ok=True)
+                fsync_dir(self.dir)
+            except OSError as exc:
+                # The compaction is durable (the head's directory fsync succeeded); the old log is
+                # removed by the next unlock. The disk failed, though: take no more writes on trust.
+                self._failed = _why(exc)
+                log.warning("vault %s: compacted, but the old log could not be removed (%s)", self.vault_id, _why(exc))
             after = sum(len(r) for r in new_records.values())
             return {"revisions_before": before, "revisions_after": after, "log_bytes": total}
+
+    def _compacted(self, new_head: Head, new_records: dict[str, list[Record]]) -> None:
+        self.head = new_head
+        self.records = new_records
+        self.generation += 1
 
     def rewrap(self, new_passphrase: bytes | bytearray, kdf: KdfParams) -> None:
         """New passphrase: a new salt and wrapped key; no record is re-encrypted."""
         with self.lock:
-            self._check_open()
+            self._check_writable()
             header = replace(self.header)
             header.kdf = {
                 "alg": "argon2id",
@@ -466,7 +723,22 @@ class VaultStore:
                 "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
             }
             _wrap_key(header, new_passphrase, self.key)
-            atomic_write(self.dir / HEADER_NAME, header.to_bytes())
+            try:
+                atomic_write(self.dir / HEADER_NAME, header.to_bytes())
+            except DirSyncFailed as exc:
+                # The new header is in place but may not survive a power loss.
+                self.header = header
+                self._failed = _why(exc)
+                raise DiskError(
+                    f"vault {self.name}: the new passphrase was written but the disk reported an error "
+                    f"({_why(exc)}), so after a crash the old passphrase may be the one that opens it: "
+                    f"check the disk, then lock the vault and unlock it (try the new passphrase, then the old one)"
+                ) from exc
+            except OSError as exc:
+                raise DiskError(
+                    f"the passphrase of vault {self.name} was not changed: the disk reported an error "
+                    f"({_why(exc)}): check the disk and try again"
+                ) from exc
             self.header = header
 
 
