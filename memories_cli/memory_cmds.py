@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,11 +13,53 @@ import typer
 
 from memoriesd.errors import UsageError
 
-from .state import STATE, call, emit_json, fmt_time, notice, report, table
+from .state import STATE, call, emit_json, fmt_time, notice, report, safe_text, table
 
 memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True, rich_markup_mode=None)
 
 MAX_FILE = 6 * 1024 * 1024
+
+
+def _special_kind(mode: int) -> str | None:
+    """What a non-regular file is ("a FIFO (named pipe)"...), or None for a regular file."""
+    from memoriesd.text.documents import non_regular_kind
+
+    return non_regular_kind(mode)
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, else :class:`UsageError` in one line.
+
+    FIFOs, devices, sockets and directories are refused before they are opened (reading a FIFO
+    would wait forever for a writer); the descriptor is opened non-blocking and checked again, and
+    at most ``limit + 1`` bytes are read.
+    """
+    shown = safe_text(os.fsencode(path).decode("utf-8", "backslashreplace"))
+    too_big = UsageError(f"{shown} is larger than {limit // (1024 * 1024)} MiB: file resources are limited to that")
+    try:
+        kind = _special_kind(os.stat(path).st_mode)
+        if kind is not None:
+            raise UsageError(f"{shown} is {kind}, not a regular file: name a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{shown} is {_special_kind(st.st_mode)}, not a regular file: name a regular file")
+            if st.st_size > limit:
+                raise too_big
+            chunks: list[bytes] = []
+            left = limit + 1
+            while left > 0 and (block := os.read(fd, min(left, 1 << 20))):
+                chunks.append(block)
+                left -= len(block)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise UsageError(f"cannot read {shown} ({exc.strerror})") from exc
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise too_big
+    return data
 
 
 def _text_arg(text: str | None) -> str | None:
@@ -45,14 +89,9 @@ def add(
     if kind == "file":
         if file is None:
             raise UsageError("--kind file needs --file PATH")
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read {file} ({exc.strerror})") from exc
-        if len(data) > MAX_FILE:
-            raise UsageError(f"{file} is larger than {MAX_FILE // (1024 * 1024)} MiB: file resources are limited to that")
+        data = read_regular_file(file, MAX_FILE)
         params["data"] = base64.b64encode(data).decode("ascii")
-        params["filename"] = file.name
+        params["filename"] = os.fsencode(file.name).decode("utf-8", "backslashreplace")  # a name that is not UTF-8
     else:
         if file is not None:
             raise UsageError("--file goes with --kind file; for text documents use `memories rag ingest`")
@@ -91,11 +130,12 @@ def read(
         return
     if output is None:
         tags = ", ".join(out["tags"])
-        notice(f"# {out['title'] or '(untitled)'}  [{out['kind']}, revision {out['revision']}{', private' if out['private'] else ''}{', tags: ' + tags if tags else ''}]")
+        notice(f"# {safe_text(out['title']) or '(untitled)'}  [{out['kind']}, revision {out['revision']}{', private' if out['private'] else ''}{', tags: ' + tags if tags else ''}]")
         if out["kind"] == "file":
-            notice(f"(file resource {out.get('filename', '')}, {out.get('size', 0):,} bytes: write it out with --output F)")
+            notice(f"(file resource {safe_text(out.get('filename', ''))}, {out.get('size', 0):,} bytes: write it out with --output F)")
         else:
-            sys.stdout.write(out["body"] + ("" if out["body"].endswith("\n") else "\n"))
+            body = safe_text(out["body"], multiline=True)  # --json keeps the exact text
+            sys.stdout.write(body + ("" if body.endswith("\n") else "\n"))
 
 
 @memory_app.command("history")

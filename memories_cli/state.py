@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,31 @@ def call(method: str, params: dict[str, Any] | None = None, *, progress: Callabl
     return Client(STATE.home).call(method, params, progress=progress)
 
 
+# C0 controls, DEL and C1 controls (ESC and CSI among them): a title, a body or an error message must
+# never drive the terminal (clear it, retitle it, hide text). Line breaks and tabs survive only in
+# multi-line text, and a carriage return only before a line feed (CRLF).
+_CONTROLS_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROLS_MULTILINE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]|\r(?!\n)")
+
+
+def _visible(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
+def safe_text(text: str, *, multiline: bool = False) -> str:
+    """``text`` for a terminal: control characters become visible escapes (ESC shows as ``\\x1b``).
+
+    Every human (non-JSON) renderer passes user data through this; ``--json`` keeps the exact text.
+    ``multiline`` keeps line feeds, tabs and CRLF line ends (bodies, answers).
+    """
+    return (_CONTROLS_MULTILINE if multiline else _CONTROLS_ONE_LINE).sub(_visible, text)
+
+
+def echo(text: str = "") -> None:
+    """A line of (possibly multi-line) text on stdout, control characters neutralised."""
+    sys.stdout.write(safe_text(text, multiline=True) + "\n")
+
+
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
@@ -48,7 +74,7 @@ def report(obj: Any, human: str) -> None:
 
 def notice(text: str) -> None:
     """Notices go to stderr (stdout stays machine-readable)."""
-    sys.stderr.write(text + "\n")
+    sys.stderr.write(safe_text(text, multiline=True) + "\n")
 
 
 def console() -> Any:
@@ -61,11 +87,11 @@ def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(title=Text(title) if title else None, show_lines=False)
+    t = Table(title=Text(safe_text(title)) if title else None, show_lines=False)
     for c in columns:
         t.add_column(Text(c), overflow="fold")
-    for r in rows:  # Text(): user data is never read as rich markup
-        t.add_row(*[Text("" if v is None else str(v)) for v in r])
+    for r in rows:  # Text(): user data is never read as rich markup; safe_text: nor as terminal controls
+        t.add_row(*[Text("" if v is None else safe_text(str(v), multiline=True)) for v in r])
     console().print(t)
 
 
@@ -76,7 +102,7 @@ def fail(exc: MemoriesError) -> None:
     if STATE.json:
         sys.stderr.write(json.dumps({"error": exc.to_dict()}, ensure_ascii=False) + "\n")
     else:
-        sys.stderr.write(f"error[{exc.code}]: {exc.message}\n")
+        sys.stderr.write(f"error[{exc.code}]: {safe_text(exc.message)}\n")
     raise typer.Exit(exit_code_for(exc.code))
 
 

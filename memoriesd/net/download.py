@@ -2,7 +2,10 @@
 
 :func:`download_file` streams a URL into ``<final>.part`` while hashing it,
 resumes with ``Range`` after a dropped connection (a server answering 200 to a
-ranged request restarts the file), retries per :class:`HttpConfig`, follows
+ranged request restarts the file; one answering with the wrong part or 416 is
+asked once more for the whole file, without ``Range``, and every failed attempt
+from then on counts against the retry limit, so a mirror that cannot resume
+ends the download quickly), retries per :class:`HttpConfig`, follows
 redirects under :func:`redirect_target`'s rule, enforces
 ``download_timeout_seconds`` as the budget of the whole file, checks size and
 SHA-256, then fsyncs and renames into place (and fsyncs the directory).
@@ -67,11 +70,14 @@ def redirect_target(current: str, location: str, *, origin: str, purpose: str) -
 class _Retry(Exception):
     """Internal: this attempt failed in a way worth retrying."""
 
-    def __init__(self, error: HttpError, retry_after: str | None = None, *, restart: bool = False) -> None:
+    def __init__(
+        self, error: HttpError, retry_after: str | None = None, *, restart: bool = False, bad_resume: bool = False
+    ) -> None:
         super().__init__(error.message)
         self.error = error
         self.retry_after = retry_after
         self.restart = restart
+        self.bad_resume = bad_resume  # the mirror answered a Range request wrongly (wrong part, 416)
 
 
 @dataclass
@@ -82,6 +88,7 @@ class _State:
     hasher: hashlib._Hash
     offset: int = 0
     resumed_from_disk: bool = False
+    no_range: bool = False  # the mirror resumes wrongly: download the whole file, never send Range
 
     def restart(self) -> None:
         self.fh.seek(0)
@@ -146,6 +153,8 @@ def download_file(
             if cancel is not None:
                 cancel()
             if state.offset < size or size == 0:
+                if state.no_range and state.offset:
+                    state.restart()  # cannot resume from this mirror: the whole file again
                 before = state.offset
                 try:
                     _attempt(http, url, state, size=size, name=name, purpose=purpose, deadline=deadline,
@@ -153,9 +162,18 @@ def download_file(
                 except _Retry as r:
                     if r.restart:
                         state.restart()
-                    failures = 0 if state.offset > before else failures + 1
+                    if r.bad_resume:
+                        if state.no_range:
+                            raise _bad_resume_error(url, name) from None
+                        # Fall back once to downloading the whole file without Range. From now on
+                        # received bytes are not progress (each attempt starts over), so every
+                        # failed attempt counts against the retry limit.
+                        state.no_range = True
+                        failures += 1
+                    else:
+                        failures = 0 if state.offset > before and not state.no_range else failures + 1
                     if failures > cfg.retries:
-                        raise r.error from None
+                        raise (_bad_resume_error(url, name, whole_failed=True) if state.no_range else r.error) from None
                     delay = retry_delay(max(0, failures - 1), cfg, r.retry_after)
                     if time.monotonic() + delay > deadline:
                         raise _budget_error(name, cfg.download_timeout_seconds) from None
@@ -204,6 +222,15 @@ def _write_error(final: Path, exc: OSError) -> ModelInstallError:
     )
 
 
+def _bad_resume_error(url: str, name: str, *, whole_failed: bool = False) -> HttpError:
+    """The mirror cannot resume (wrong part or 416 for a Range request) and a whole download did not work."""
+    again = ", and the whole file could not be downloaded either" if whole_failed else " twice"
+    return HttpError(
+        f"the mirror {host_of(url)} answered a resumed download (Range request) of the model file {name} with "
+        f"the wrong part{again}; {name} was not installed: check rag.model_download_base_url or use another mirror"
+    )
+
+
 def _sleep(seconds: float, cancel: Callable[[], None] | None) -> None:
     """Sleep, letting ``cancel`` interrupt (Retry-After may ask for up to 30 s)."""
     end = time.monotonic() + seconds
@@ -239,7 +266,7 @@ def _attempt(
         if remaining <= 0:
             raise _budget_error(name, http.cfg.download_timeout_seconds)
         headers = {"Accept-Encoding": "identity"}
-        if state.offset:
+        if state.offset and not state.no_range:
             headers["Range"] = f"bytes={state.offset}-"
         host = parse_url(current, purpose=purpose, allow_query=True).host
         try:
@@ -253,7 +280,8 @@ def _attempt(
                     current = redirect_target(current, resp.headers["Location"], origin=url, purpose=purpose)
                     continue
                 if status == 416:
-                    raise _Retry(HttpError(f"the mirror {host} refused to resume {name}: run `memories rag model-install` again"), restart=True)
+                    raise _Retry(HttpError(f"the mirror {host} refused to resume {name}: run `memories rag model-install` again"),
+                                 restart=True, bad_resume=True)
                 if status in RETRY_STATUSES:
                     raise _Retry(
                         HttpError(f"the mirror {host} failed with HTTP {status} while sending {name}: try again later"),
@@ -302,7 +330,7 @@ def _check_extent(resp: httpx.Response, state: _State, *, size: int, name: str, 
         return
     m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
     if not m or int(m.group(1)) != state.offset:
-        raise _Retry(HttpError(f"the mirror {host} sent the wrong part of {name}"), restart=True)
+        raise _Retry(HttpError(f"the mirror {host} sent the wrong part of {name}"), restart=True, bad_resume=True)
     if m.group(3) != "*" and int(m.group(3)) != size:
         raise DigestMismatch(
             f"the mirror {host} serves the model file {name} with {m.group(3)} bytes, the pinned file has "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DocumentRefused, UsageError
-from ..text.documents import PathKeys, discover, parse_document
+from ..text.documents import PathKeys, discover, parse_document, read_document
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
@@ -129,9 +129,12 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         resolved = keys.key(path)
         shown = _relative(path, dir_roots)
         try:
-            data = path.read_bytes()
+            data = read_document(path, max_bytes)  # regular files only, at most max_bytes + 1 read
         except OSError as exc:
             report.refused.append({"path": str(path), "message": f"{path.name} cannot be read ({exc.strerror})"})
+            continue
+        except DocumentRefused as exc:
+            report.refused.append({"path": str(path), "message": exc.message})
             continue
         try:
             parsed = parse_document(data, path.name, title=req.title, max_bytes=max_bytes)

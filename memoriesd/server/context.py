@@ -48,6 +48,10 @@ class Params:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidParams(f"parameter {name} must be an integer")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
+            if hi is None:
+                raise InvalidParams(f"parameter {name} must be at least {lo}")
+            if lo is None:
+                raise InvalidParams(f"parameter {name} must be at most {hi}")
             raise InvalidParams(f"parameter {name} must be between {lo} and {hi}")
         return value
 

@@ -7,13 +7,16 @@ body. The parser handles a small, common subset (``key: value``, quoted values,
 ``tags: [a, b]`` and ``- item`` lists); anything else makes the whole block plain
 body text, never an error.
 
-:func:`discover` turns command-line paths into the list of files to import.
+:func:`discover` turns command-line paths into the list of files to import;
+:func:`read_document` reads one of them, refusing before reading anything that is
+not a regular file or is over the size limit.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +85,84 @@ def _size(n: float) -> str:
     if n < 1024 * 1024:
         return f"{n / 1024:.1f} KiB"
     return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def _too_big(shown: str, size: str, max_bytes: int) -> DocumentRefused:
+    return DocumentRefused(
+        f"{shown} is {size}, over the document limit of {_size(max_bytes)}: "
+        "split it into smaller files or raise [rag] max_document_mib (up to 64) in config.toml"
+    )
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """A path as printable text: bytes of the name that are not UTF-8 are shown escaped (``\\xff``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def is_undecodable(path: str | os.PathLike[str]) -> bool:
+    """True when the path's bytes are not valid UTF-8 (Python holds them as lone surrogates)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def non_regular_kind(mode: int) -> str | None:
+    """What a file of this ``st_mode`` is when it is not a regular file ("a FIFO"...), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def _not_regular(shown: str, kind: str) -> DocumentRefused:
+    return DocumentRefused(f"{shown} is {kind}, not a regular file: name a text or Markdown file")
+
+
+def read_document(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a file to import, or :class:`DocumentRefused` when it cannot be one.
+
+    Anything but a regular file (FIFO, device, socket, directory) is refused
+    before it is opened (and again on the opened descriptor, should it have been
+    swapped in between, which ``O_NONBLOCK`` keeps from blocking); a file over
+    ``max_bytes`` is refused from its size, and at most ``max_bytes + 1`` bytes
+    are ever read. :class:`OSError` (missing, unreadable) reaches the caller.
+    """
+    shown = _display_name(display_path(path))
+    kind = non_regular_kind(os.stat(path).st_mode)
+    if kind is not None:
+        raise _not_regular(shown, kind)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        kind = non_regular_kind(st.st_mode)
+        if kind is not None:
+            raise _not_regular(shown, kind)
+        if st.st_size > max_bytes:
+            raise _too_big(shown, _size(st.st_size), max_bytes)
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            block = os.read(fd, min(left, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            left -= len(block)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:  # it grew after fstat
+        raise _too_big(shown, f"more than {_size(max_bytes)}", max_bytes)
+    return data
 
 
 def _refuse_binary(data: bytes, shown: str) -> None:
@@ -205,10 +286,7 @@ def parse_document(
     """
     shown = _display_name(name)
     if len(data) > max_bytes:
-        raise DocumentRefused(
-            f"{shown} is {_size(len(data))}, over the document limit of {_size(max_bytes)}: "
-            "split it into smaller files or raise [rag] max_document_mib (up to 64) in config.toml"
-        )
+        raise _too_big(shown, _size(len(data)), max_bytes)
     _refuse_binary(data, shown)
     if data.startswith(_BOM):
         data = data[len(_BOM) :]
@@ -240,6 +318,20 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+_UNDECODABLE_FILE = "its name is not valid UTF-8 (shown with \\x escapes): rename the file, then ingest it again"
+_UNDECODABLE_DIR = (
+    "its name is not valid UTF-8 (shown with \\x escapes), so the files under it were skipped: "
+    "rename the directory, then ingest it again"
+)
+
+
+def _undecodable_target(resolved: str) -> str:
+    return (
+        f"its real path {display_path(resolved)} (reached through a symbolic link) is not valid UTF-8: "
+        "rename the file or directory shown with \\x escapes, then ingest it again"
+    )
+
+
 def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
     found: list[Path] = []
 
@@ -250,13 +342,31 @@ def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
         )
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
-        dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+        kept = []
+        for d in sorted(dirnames):
+            if _is_hidden(d):
+                continue
+            if is_undecodable(d):  # nothing under it could be named in a card or a message
+                problems.append((Path(display_path(os.path.join(dirpath, d))), _UNDECODABLE_DIR))
+                continue
+            kept.append(d)
+        dirnames[:] = kept
         for fn in sorted(filenames):
             if _is_hidden(fn) or not fn.lower().endswith(TEXT_SUFFIXES):
                 continue
             p = Path(dirpath) / fn
-            if p.is_file():
+            if is_undecodable(p):
+                problems.append((Path(display_path(p)), _UNDECODABLE_FILE))
+                continue
+            try:
+                mode = p.stat().st_mode
+            except OSError:
+                continue  # a broken symbolic link, or gone: skipped as before
+            kind = non_regular_kind(mode)
+            if kind is None:
                 found.append(p)
+            elif not stat.S_ISDIR(mode):  # never opened: it could block or be a device
+                problems.append((p, f"is {kind}, not a regular file: it was skipped"))
     return found
 
 
@@ -303,11 +413,17 @@ def discover(
 
     def add(p: Path) -> None:
         key = resolver.key(p)
+        if is_undecodable(key):  # reached through a symbolic link: the card's source could not be stored
+            problems.append((p, _undecodable_target(key)))
+            return
         if key not in seen:
             seen.add(key)
             files.append(p)
 
     for p in paths:
+        if is_undecodable(p):
+            problems.append((Path(display_path(p)), _UNDECODABLE_FILE))
+            continue
         try:
             if p.is_dir():
                 if not recursive:
@@ -318,7 +434,8 @@ def discover(
             elif p.is_file():
                 add(p)
             elif p.exists():
-                problems.append((p, "is not a regular file: name a text or Markdown file"))
+                kind = non_regular_kind(p.stat().st_mode) or "a special file"
+                problems.append((p, f"is {kind}, not a regular file: name a text or Markdown file"))
             elif p.is_symlink():
                 problems.append((p, "is a broken symbolic link: fix or remove the link"))
             else:
