@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -12,8 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from memoriesd.errors import MemoriesError, UsageError
+from memoriesd.text.humanize import duration
 
-from .state import STATE, call, emit_json, notice, report, table
+from .state import STATE, call, echo, emit_json, notice, report, safe_text, table
 
 rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -100,7 +102,7 @@ def ingest(
     elif "-" in paths:
         raise UsageError("- (stdin) cannot be mixed with paths")
     else:
-        params["paths"] = [str(Path(p).expanduser().absolute()) for p in paths]
+        params["paths"] = [_ingest_path(p) for p in paths]
     with _progress_cm("ingest") as bar:
 
         def on_progress(p: dict[str, Any]) -> None:
@@ -109,10 +111,23 @@ def ingest(
 
         out = call("rag.ingest", params, progress=on_progress)
     for r in out["refused"]:
-        sys.stderr.write(f"refused: {r['path']}: {r['message']}\n")
+        sys.stderr.write(safe_text(f"refused: {r['path']}: {r['message']}") + "\n")
     report(out, f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
+
+
+def _ingest_path(arg: str) -> str:
+    """A named path made absolute, refused (usage error) when its name is not UTF-8."""
+    path = str(Path(arg).expanduser().absolute())
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = safe_text(os.fsencode(path).decode("utf-8", "backslashreplace"))
+        raise UsageError(
+            f"the path {shown} is not valid UTF-8 (bytes shown as \\x escapes): rename it, then ingest it again"
+        ) from None
+    return path
 
 
 #: Hex characters of a fragment's fingerprint in the `rag search` table (`--json` has all 32).
@@ -189,7 +204,7 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
             if emb.get("rate"):
                 line += f", {emb['rate']:.1f} fragments/s"
             if emb.get("eta_seconds"):
-                line += f", about {_eta(float(emb['eta_seconds']))} left"
+                line += f", about {duration(float(emb['eta_seconds']))} left"
             if emb.get("error"):
                 line += f": {emb['error']}"
             rows.append(["background", line])
@@ -201,14 +216,6 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
     else:
         rows.append(["model", "none: " + emb.get("hint", "")])
     table(["", ""], rows)
-
-
-def _eta(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 #: Passes in a row that a vault change ended before one batch was kept, before `rag index` gives up.
@@ -275,7 +282,7 @@ def ask(
     if out["status"] == "insufficient_evidence":
         print("Insufficient evidence: nothing in the vault matches the question.")
         return
-    print(out["answer"])
+    echo(out["answer"])
     table(
         ["", "TITLE", "RECORD@REV", "BYTES", "SOURCE"],
         [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", c.get("source") or ""] for c in out["citations"]],

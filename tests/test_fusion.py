@@ -156,3 +156,17 @@ def test_order_by_scores_follows_remote_scores() -> None:
     assert all(math.isfinite(c.score) for c in out)
     with pytest.raises(ValueError):
         order_by_scores(cands, [0.1])
+
+
+def test_weighted_rrf_lets_the_stronger_ranking_lead_and_defaults_to_plain_rrf() -> None:
+    from memoriesd.rag.fusion import rrf, rrf_ranks
+
+    bm25, vector = [1, 2, 3], [3, 2, 1]
+    assert rrf([bm25, vector], 60) == [(f.frag_id, f.score) for f in rrf_ranks([bm25, vector], 60, weights=(1.0, 1.0))]
+    assert rrf_ranks([bm25, vector], 60, weights=(1.0, 2.0))[0].frag_id == 3  # the vector side's first
+    assert rrf_ranks([bm25, vector], 60, weights=(2.0, 1.0))[0].frag_id == 1
+    import pytest
+
+    for bad in ((1.0,), (1.0, -1.0), (1.0, float("nan"))):
+        with pytest.raises(ValueError):
+            rrf_ranks([bm25, vector], 60, weights=bad)

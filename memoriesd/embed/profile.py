@@ -42,6 +42,9 @@ class ModelProfile:
     max_tokens: int
     query_prompt: str
     document_prompt: str | None
+    # Hybrid search defaults measured for this model (see README, "Quality and speed"):
+    # the vector ranking's weight in weighted RRF (BM25's is 1).
+    vector_weight: float = 1.0
 
 
 GEMMA_PROFILE = ModelProfile(

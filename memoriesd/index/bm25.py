@@ -119,7 +119,10 @@ class BM25Index:
 
     def __init__(self, docs: Sequence[IndexedDoc], *, segmentation: Segmentation = DEFAULT) -> None:
         self.segmentation = segmentation
-        self.fragments: list[tuple[IndexedDoc, Fragment]] = []
+        # frag_id -> (doc, fragment) of live records only: a removed record's fragments are released
+        # (frag_ids are never reused, so a stale id held elsewhere can only miss, never mislead).
+        self.fragments: dict[int, tuple[IndexedDoc, Fragment]] = {}
+        self._next_id = 0
         self._live: dict[str, list[int]] = {}  # record_id -> its frag_ids
         self._exact_rows: set[int] = set()
         self._n_fragments = 0
@@ -152,8 +155,9 @@ class BM25Index:
                     self._remove_locked(doc.record_id)
                 ids: list[int] = []
                 for frag in doc.fragments:
-                    ids.append(len(self.fragments))
-                    self.fragments.append((doc, frag))
+                    ids.append(self._next_id)
+                    self.fragments[self._next_id] = (doc, frag)
+                    self._next_id += 1
                 self._live[doc.record_id] = ids
                 self._pending[doc.record_id] = (doc, ids)
                 self._n_fragments += len(ids)
@@ -214,6 +218,8 @@ class BM25Index:
         if pending is not None:  # its rows were never written
             self._n_fragments -= len(ids)
             self._source_bytes -= doc_source_bytes(pending[0])
+            for fid in ids:
+                self.fragments.pop(fid, None)
             return
         han_only = self.segmentation.han_only
         doc = self.fragments[ids[0]][0]
@@ -232,10 +238,16 @@ class BM25Index:
                     self._exact_row(fid, doc, frag),
                 )
                 self._exact_rows.discard(fid)
+        for fid in ids:
+            del self.fragments[fid]
         self._n_fragments -= len(ids)
         self._source_bytes -= doc_source_bytes(doc)
 
     # -- reading ----------------------------------------------------------------
+
+    def held_fragments(self) -> int:
+        """Fragments held in memory (those of live records only)."""
+        return len(self.fragments)
 
     @property
     def stats(self) -> IndexStats:

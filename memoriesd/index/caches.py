@@ -140,9 +140,10 @@ class VaultIndex:
                 gone = removed + [r.id for r in changed if r.id in self._docs]
                 if gone:
                     old_ids = [fid for rid in gone for fid in self.bm25.frag_ids(rid)]
+                    if self.vectors is not None:  # before the fragments are released: their keys
+                        old_keys = [self.vectors.key_of(self, fid) for fid in old_ids]
+                        self.vectors.drop(old_ids, old_keys)
                     self.bm25.remove(gone)
-                    if self.vectors is not None:
-                        self.vectors.drop(old_ids)
                 if new_docs:
                     self.bm25.add(list(new_docs.values()))
             self._docs = docs_after
@@ -161,6 +162,12 @@ class VaultIndex:
     def fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment]:
         assert self.bm25 is not None
         return self.bm25.fragments[frag_id]
+
+    def get_fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment] | None:
+        """The fragment, or None once its record was changed or removed (the index holds live
+        fragments only: a search that raced a change skips what it found before the change)."""
+        bm25 = self.bm25
+        return None if bm25 is None else bm25.fragments.get(frag_id)
 
     def live_frag_ids(self) -> list[int]:
         assert self.bm25 is not None

@@ -71,7 +71,10 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
     sources = []
     meta = []
     for c in outcome.hits:
-        doc, frag = outcome.index.fragment(c.frag_id)
+        got = outcome.fragment(c.frag_id)
+        if got is None:
+            continue
+        doc, frag = got
         sources.append((doc.title, frag.text))
         meta.append((doc, frag))
     revisions = {doc.record_id: doc.revision for doc, _ in meta}

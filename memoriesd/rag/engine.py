@@ -317,6 +317,14 @@ class RagEngine:
                 with self._foreground_lock:
                     self._foreground -= 1
 
+    def vector_weight(self, embedder: Any) -> float:
+        """Hybrid's vector weight: ``[rag] vector_weight`` when set, else the model profile's measured one."""
+        configured = float(self.config.rag.vector_weight)
+        if configured > 0:
+            return configured
+        profile = getattr(embedder, "profile", None)
+        return float(getattr(profile, "vector_weight", 1.0))
+
     @staticmethod
     def skipped_count(space: VectorSpace) -> int:
         """Fragments of ``space`` that cannot be embedded (recorded as skipped)."""

@@ -65,8 +65,12 @@ def _ranks_of(ranking: Sequence[int]) -> dict[int, int]:
     return out
 
 
-def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60) -> list[Fused]:
+def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60, weights: Sequence[float] | None = None) -> list[Fused]:
     """Reciprocal rank fusion keeping each candidate's rank in every input.
+
+    ``weights`` (one per ranking, default all 1) make it *weighted* RRF: a candidate scores
+    ``Σ w_i / (k + rank_i)``, so a much stronger ranking (a good embedding model beside BM25) is
+    not outvoted by a weaker one.
 
     Order: score descending; ties broken by the best single rank (ascending), then
     by the number of lists the candidate appears in (more first), then by id — so
@@ -74,6 +78,9 @@ def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60) -> list[Fused]:
     """
     if k < 1:
         raise ValueError("rrf k must be at least 1")
+    w = list(weights) if weights is not None else [1.0] * len(rankings)
+    if len(w) != len(rankings) or any(not math.isfinite(x) or x < 0 for x in w):
+        raise ValueError("one finite, non-negative weight per ranking")
     per_list = [_ranks_of(r) for r in rankings]
     ids: set[int] = set()
     for ranks in per_list:
@@ -82,7 +89,7 @@ def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60) -> list[Fused]:
     for frag_id in ids:
         ranks_t = tuple(ranks.get(frag_id) for ranks in per_list)
         # Sum from the best rank down so the float result does not depend on list order.
-        parts = sorted(1.0 / (k + r) for r in ranks_t if r is not None)
+        parts = sorted(wi / (k + r) for wi, r in zip(w, ranks_t, strict=True) if r is not None)
         fused.append(Fused(frag_id, math.fsum(parts), ranks_t))
 
     def key(f: Fused) -> tuple[float, int, int, int]:
@@ -107,13 +114,17 @@ def fuse(
     texts: Mapping[int, str] | None = None,
     titles: Mapping[int, str] | None = None,
     limit: int | None = None,
+    vector_weight: float = 1.0,
 ) -> list[Candidate]:
-    """Fuse a BM25 and a vector ranking into :class:`Candidate` records (best first)."""
+    """Fuse a BM25 and a vector ranking into :class:`Candidate` records (best first).
+
+    ``vector_weight``: the vector ranking's weight in weighted RRF (BM25's is 1).
+    """
     cos = cosines or {}
     txt = texts or {}
     ttl = titles or {}
     out: list[Candidate] = []
-    for f in rrf_ranks([bm25_ids, vector_ids], k):
+    for f in rrf_ranks([bm25_ids, vector_ids], k, weights=(1.0, vector_weight)):
         out.append(
             Candidate(
                 frag_id=f.frag_id,

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import DeviceOnly, ModelInputFailed, ModelUnavailable, QueryInvalid
 from ..index.caches import VaultIndex
+from ..text.humanize import duration
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
@@ -26,14 +27,6 @@ SNIPPET_CHARS = 200
 BACKGROUND_ON_DEMAND = 8
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 5400:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 @dataclass
 class SearchRequest:
     query: str
@@ -44,6 +37,7 @@ class SearchRequest:
     rerank: bool = True
     min_score: float | None = None
     rrf_k: int | None = None
+    vector_weight: float | None = None
     candidates: int | None = None
 
 
@@ -56,6 +50,12 @@ class SearchOutcome:
     notices: list[str] = field(default_factory=list)
     missing_vectors: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    # The fragments this search found, as they were when found (a change during the search
+    # releases them from the index, never from a result).
+    frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def fragment(self, frag_id: int) -> tuple[Any, Any] | None:
+        return self.frags.get(frag_id) or self.index.get_fragment(frag_id)
 
 
 def _check(req: SearchRequest) -> None:
@@ -72,7 +72,7 @@ def _check(req: SearchRequest) -> None:
 def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest) -> list[int]:
     if not req.cards_only:
         return frag_ids
-    return [fid for fid in frag_ids if idx.fragment(fid)[0].kind == "card"]
+    return [fid for fid in frag_ids if (got := idx.get_fragment(fid)) is not None and got[0].kind == "card"]
 
 
 def _default_mode(engine: RagEngine, store: VaultStore) -> str:
@@ -118,6 +118,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
 
     vec_ids: list[int] = []
     cosines: dict[int, float] = {}
+    embedder: Any = None
     if mode in ("vector", "hybrid"):
         t_vec = time.perf_counter()
         if not engine.embedding_available():
@@ -135,7 +136,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
             eta = job.eta_seconds
             out.notices.append(
                 f"{len(missing):,} fragments are still being embedded in the background, so vector results cover "
-                f"only part of the vault" + (f" (about {_duration(eta)} left)" if eta else "")
+                f"only part of the vault" + (f" (about {duration(eta)} left)" if eta else "")
                 + ": see `memories rag status`"
             )
         elif missing:
@@ -168,9 +169,14 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     texts = {}
     titles = {}
     for fid in set(bm25_ids) | set(vec_ids):
-        doc, frag = idx.fragment(fid)
-        texts[fid] = frag.text
-        titles[fid] = doc.title
+        got = idx.get_fragment(fid)
+        if got is None:
+            continue
+        out.frags[fid] = got
+        texts[fid] = got[1].text
+        titles[fid] = got[0].title
+    bm25_ids = [fid for fid in bm25_ids if fid in out.frags]
+    vec_ids = [fid for fid in vec_ids if fid in out.frags]
 
     if mode == "bm25":
         hits = [
@@ -183,7 +189,10 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
             for i, fid in enumerate(vec_ids[: req.limit])
         ]
     else:
-        fused = fuse(bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles)
+        fused = fuse(
+            bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles,
+            vector_weight=req.vector_weight or engine.vector_weight(embedder),
+        )
         t_rr = time.perf_counter()
         if req.rerank and fused:
             fused = rerank(engine, store, req.query, fused[:n_cand], ctx)
@@ -218,8 +227,8 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
 def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
     """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order."""
     items = []
-    for i, c in enumerate(out.hits, start=1):
-        doc, frag = out.index.fragment(c.frag_id)
+    found = [(c, got) for c in out.hits if (got := out.fragment(c.frag_id)) is not None]
+    for i, (c, (doc, frag)) in enumerate(found, start=1):
         score = c.rerank_score if c.rerank_score is not None else c.score
         items.append(
             {
@@ -247,7 +256,10 @@ def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
     """`memory search`: one line per record (its best fragment's score and a snippet)."""
     seen: dict[str, dict[str, Any]] = {}
     for c in out.hits:
-        doc, frag = out.index.fragment(c.frag_id)
+        got = out.fragment(c.frag_id)
+        if got is None:
+            continue
+        doc, frag = got
         if doc.record_id in seen:
             continue
         score = c.rerank_score if c.rerank_score is not None else c.score

@@ -11,6 +11,7 @@ sealed vectors before they are loaded (:func:`sealed_status`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -35,6 +36,8 @@ from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
+#: Spare vectors (not used by a live fragment) kept in memory, as a share of max_vector_mib.
+SPARE_SHARE = 0.25
 
 
 def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
@@ -192,7 +195,11 @@ class VectorSpace:
         )
         self.index = VectorIndex(dims, max_vector_mib=max_vector_mib)
         self.skipped: set[str] = set()  # entry keys of fragments the model cannot embed (this unlock)
-        self._known: dict[str, np.ndarray] | None = None  # sealed + recently dropped vectors by entry key
+        # Spare vectors by entry key: sealed or recently dropped ones that no live fragment uses now
+        # (kept for a fragment that comes back, e.g. an edit undone). Never the live ones (the index
+        # holds those), and at most SPARE_SHARE of max_vector_mib; None until the sidecar is read.
+        self._known: dict[str, np.ndarray] | None = None
+        self._known_partial = False  # spares were trimmed: the sidecar may hold more
         self.lock = threading.RLock()
         register_space(store, self._sealer, identity, dims)
 
@@ -202,30 +209,64 @@ class VectorSpace:
         return entry_key(frag.fingerprint, doc.title)
 
     def attach(self, vault_index: Any) -> None:
-        """Give every live fragment the vector already known for its key (no embedding)."""
+        """Give every live fragment the vector already known for its key (no embedding): from the
+        spares in memory, else (first use, or spares trimmed) from the sealed sidecar."""
         with self.lock:
             live = vault_index.live_frag_ids()
             missing = [fid for fid in live if fid not in self.index]
             if not missing:
                 return
-            if self._known is None:
+            keys = {fid: self.key_of(vault_index, fid) for fid in missing}
+            if self._known is None or (self._known_partial and any(k not in self._known for k in keys.values())):
                 t0 = time.perf_counter()
-                self._known = self.sidecar.load()
-                log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, len(self._known), time.perf_counter() - t0)
+                loaded = self.sidecar.load()
+                log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, len(loaded), time.perf_counter() - t0)
+                # Spares only: what the index already holds is not kept twice.
+                in_index = {self.key_of(vault_index, fid) for fid in live if fid in self.index}
+                self._known = {k: v for k, v in loaded.items() if k not in in_index}
+                self._known_partial = False
             found_ids, found_vecs = [], []
             for fid in missing:
-                vec = self._known.get(self.key_of(vault_index, fid))
+                vec = self._known.get(keys[fid])
                 if vec is not None and vec.shape == (self.dims,):
                     found_ids.append(fid)
                     found_vecs.append(vec)
             if found_ids:
                 check_vector_cap(len(self.index) + len(found_ids), self.dims, self.max_vector_mib)
                 self.index.add(found_ids, np.stack(found_vecs).astype(np.float32))
+                for fid in found_ids:
+                    self._known.pop(keys[fid], None)
+            self._trim_spares()
 
-    def drop(self, frag_ids: Sequence[int]) -> None:
-        """Forget fragments that left the index (their vectors stay known by key for reuse)."""
+    def _trim_spares(self) -> None:
+        """Keep at most SPARE_SHARE of ``max_vector_mib`` of spare vectors (the newest)."""
+        if self._known is None:
+            return
+        budget = int(self.max_vector_mib * 1024 * 1024 * SPARE_SHARE) // max(1, self.dims * 4)
+        if len(self._known) > budget:
+            drop = len(self._known) - budget
+            for k in list(itertools.islice(self._known, drop)):
+                del self._known[k]
+            self._known_partial = True
+
+    @property
+    def spare_count(self) -> int:
+        return 0 if self._known is None else len(self._known)
+
+    def drop(self, frag_ids: Sequence[int], keys: Sequence[str] | None = None) -> None:
+        """Forget fragments that left the index; with their entry ``keys``, their vectors become
+        spares (bounded) for a fragment that comes back."""
         with self.lock:
+            if keys is not None and self._known is not None:
+                for fid, key in zip(frag_ids, keys, strict=True):
+                    vec = self.index.get(fid)
+                    if vec is not None:
+                        self._known.pop(key, None)
+                        self._known[key] = np.array(vec, dtype=np.float32)
+            elif keys is None:
+                self._known_partial = True
             self.index.remove(frag_ids)
+            self._trim_spares()
 
     def retain(self, keep: Collection[str]) -> tuple[int, int] | None:
         """Compaction: keep only vectors whose entry key is in ``keep``, on disk and among the
@@ -241,7 +282,8 @@ class VectorSpace:
         with self.lock:
             out = [fid for fid in vault_index.live_frag_ids() if fid not in self.index]
             if self.skipped:
-                out = [fid for fid in out if self.key_of(vault_index, fid) not in self.skipped]
+                out = [fid for fid in out if (got := vault_index.get_fragment(fid)) is not None
+                       and entry_key(got[1].fingerprint, got[0].title) not in self.skipped]
             return out
 
     def embed(
@@ -265,13 +307,19 @@ class VectorSpace:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             check()
-            batch = list(frag_ids[start : start + BATCH_FRAGMENTS])
+            batch = []
             items: list[tuple[str | None, str]] = []
             keys = []
-            for fid in batch:
-                doc, frag = vault_index.fragment(fid)
+            for fid in frag_ids[start : start + BATCH_FRAGMENTS]:
+                got = vault_index.get_fragment(fid)
+                if got is None:  # its record changed since the pass began: nothing to embed
+                    continue
+                doc, frag = got
+                batch.append(fid)
                 items.append(embed_input(doc, frag))
                 keys.append(entry_key(frag.fingerprint, doc.title))
+            if not batch:
+                continue
             rows = self._embed_batch(embed_fn, items, check)
             check()  # a lock or change while the batch ran: discard it
             kept = [(fid, key, v) for fid, key, v in zip(batch, keys, rows, strict=True) if v is not None]
@@ -283,8 +331,9 @@ class VectorSpace:
                                     vault_index.vault_id)
                 if kept:
                     self.sidecar.append({key: v for _, key, v in kept})
-                    if self._known is not None:
-                        self._known.update((key, v) for _, key, v in kept)
+                    if self._known is not None:  # live now: not spares
+                        for _, key, _v in kept:
+                            self._known.pop(key, None)
                     live = [(fid, v) for fid, _, v in kept if fid not in self.index]
                     if live:
                         self.index.add([f for f, _ in live], np.stack([v for _, v in live]))
@@ -339,7 +388,8 @@ class VectorSpace:
 
     @property
     def nbytes(self) -> int:
-        return int(self.index.nbytes)
+        """Vectors held in memory: the index and the spares."""
+        return int(self.index.nbytes) + self.spare_count * self.dims * 4
 
     def close(self) -> None:
         with self.lock:

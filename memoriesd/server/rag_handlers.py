@@ -35,8 +35,17 @@ def _search_request(ctx: Context, *, query_key: str = "query", default_limit: in
         rerank=not p.flag("no_rerank", False),
         min_score=p.number("min_score", None),
         rrf_k=p.integer("rrf_k", None, lo=1, hi=1000),
+        vector_weight=_weight(p.number("vector_weight", None)),
         candidates=p.integer("candidates", None, lo=1, hi=10000),
     )
+
+
+def _weight(value: float | None) -> float | None:
+    if value is not None and not 0 < value <= 100:
+        from ..errors import QueryInvalid
+
+        raise QueryInvalid("--vector-weight must be above 0 and at most 100")
+    return value
 
 
 #: ``memory search`` reads this many fragments first, then widens by ``_WIDEN`` up to the index's bound.
@@ -58,7 +67,10 @@ def _best_per_record(store: VaultStore, idx: Any, hits: list[Candidate], limit: 
     best: dict[str, Candidate] = {}
     skipped: set[str] = set()
     for c in hits:
-        record_id = idx.fragment(c.frag_id)[0].record_id
+        got = idx.get_fragment(c.frag_id)
+        if got is None:  # changed during the search
+            continue
+        record_id = got[0].record_id
         if record_id in best or record_id in skipped:
             continue
         if not _searchable(store, record_id, cards_only):
