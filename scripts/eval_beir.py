@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--no-rerank", action="store_true", help="skip the light reranker (hybrid)")
     ap.add_argument("--rerank", choices=["on", "off", "both"], default=None, help="run hybrid with, without, or both")
     ap.add_argument("--rrf-k", type=int, action="append", help="RRF k (repeatable)")
+    ap.add_argument("--vector-weight", type=float, action="append", help="hybrid: vector weight in weighted RRF (repeatable; default: the model's)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--max-queries", type=int, default=None)
     ap.add_argument("--limit", type=int, default=100, help="fragments retrieved per query (1-100)")
@@ -159,6 +160,7 @@ def main() -> None:
         ap.error("--mode vector/hybrid needs --model-dir")
     rerank_opts = {"on": [True], "off": [False], "both": [True, False]}[args.rerank] if args.rerank else [not args.no_rerank]
     ks = args.rrf_k or [60]
+    weights: list[float | None] = list(args.vector_weight or [None])
 
     corpus = load_jsonl(args.dataset / "corpus.jsonl")
     queries = {q["_id"]: q["text"] for q in load_jsonl(args.dataset / "queries.jsonl")}
@@ -211,11 +213,14 @@ def main() -> None:
         for mode in modes:
             for rr in rerank_opts if mode == "hybrid" else [True]:
                 for k in ks if mode == "hybrid" else [60]:
-                    runs.append((mode, rr, k))
-        for mode, rr, k in runs:
+                    for w in weights if mode == "hybrid" else [None]:
+                        runs.append((mode, rr, k, w))
+        for mode, rr, k, w in runs:
             lat, ndcgs, recalls = [], [], []
             for qid in qids:
-                params = {"vault": vid, "query": queries[qid][:1000], "mode": mode, "limit": args.limit, "no_rerank": not rr, "rrf_k": k}
+                params: dict[str, Any] = {"vault": vid, "query": queries[qid][:1000], "mode": mode, "limit": args.limit, "no_rerank": not rr, "rrf_k": k}
+                if w is not None:
+                    params["vector_weight"] = w
                 t0 = time.perf_counter()
                 try:
                     res = conn.call("rag.search", params)["results"]
@@ -238,6 +243,7 @@ def main() -> None:
                 "mode": mode,
                 "rerank": rr if mode == "hybrid" else None,
                 "rrf_k": k if mode == "hybrid" else None,
+                "vector_weight": w if mode == "hybrid" else None,
                 "ndcg@10": round(statistics.fmean(ndcgs), 4),
                 "recall@100": round(statistics.fmean(recalls), 4),
                 "recall_counts": f"distinct documents among the top {args.limit} fragments",
