@@ -1,4 +1,11 @@
-"""Talk to memoriesd: connect (starting it when allowed), send one request, read the answer."""
+"""Talk to memoriesd: connect (starting it when allowed), send one request, read the answer.
+
+Timeouts: connecting gives up after ``CONNECT_TIMEOUT`` seconds, and a request after
+``$MEMORIES_CLIENT_TIMEOUT`` seconds (default 30; 0 = wait forever) in which the daemon sent nothing.
+A running request is never silent that long: the daemon sends a keep-alive progress frame
+``{"id": N, "progress": {"keepalive": true}}`` every ``[daemon] keepalive_seconds`` (10), which is
+never passed on to a progress callback. Either timeout is ``daemon_unreachable``.
+"""
 
 from __future__ import annotations
 
@@ -18,17 +25,47 @@ from memoriesd.server import protocol
 
 _ids = itertools.count(1)
 START_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = 30.0
+TIMEOUT_ENV = "MEMORIES_CLIENT_TIMEOUT"
+
+
+def client_timeout() -> float | None:
+    """Seconds of silence from the daemon after which a request gives up (None = never)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    if value != value or value < 0:  # NaN or negative: the default
+        return DEFAULT_TIMEOUT
+    return None if value == 0 else value
+
+
+def is_keepalive(progress: Any) -> bool:
+    return isinstance(progress, dict) and progress.get("keepalive") is True
 
 
 def _connect(home: Home) -> socket.socket:
     home.check_socket_path()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        sock.settimeout(CONNECT_TIMEOUT)
         sock.connect(str(home.socket_path))
+        sock.settimeout(client_timeout())
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def _silent(home: Home, seconds: float | None, method: str) -> DaemonUnreachable:
+    return DaemonUnreachable(
+        f"memoriesd sent nothing for {seconds:g} s during {method}: it is stopped or overloaded; see {home.log_path}, "
+        f"and if it stays stuck, end the process (pid in {home.pid_path}) and run the command again"
+    )
 
 
 def _autostart_enabled(home: Home) -> bool:
@@ -49,6 +86,8 @@ def _autostart_enabled(home: Home) -> bool:
 def daemon_alive(home: Home) -> bool:
     try:
         sock = _connect(home)
+    except TimeoutError:
+        return True  # something listens but does not accept: the request will say so
     except OSError:
         return False
     sock.close()
@@ -97,6 +136,11 @@ class Client:
             return _connect(self.home)
         except (FileNotFoundError, ConnectionRefusedError):
             pass
+        except TimeoutError as exc:
+            raise DaemonUnreachable(
+                f"memoriesd at {self.home.socket_path} did not accept the connection within {CONNECT_TIMEOUT:g} s: "
+                f"it is stopped or overloaded; see {self.home.log_path}"
+            ) from exc
         except OSError as exc:
             raise DaemonUnreachable(f"cannot reach memoriesd at {self.home.socket_path} ({exc.strerror})") from exc
         if not (self.autostart and _autostart_enabled(self.home)):
@@ -117,18 +161,26 @@ class Client:
         progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
         sock = self._open()
+        timeout = sock.gettimeout()
         try:
             rid = next(_ids)
-            sock.sendall(protocol.encode({"id": rid, "method": method, "params": params or {}}))
+            try:
+                sock.sendall(protocol.encode({"id": rid, "method": method, "params": params or {}}))
+            except TimeoutError as exc:
+                raise _silent(self.home, timeout, method) from exc
+            except OSError:
+                pass  # e.g. refused as busy and closed: the daemon's error frame is still to be read
             while True:
                 try:
                     msg = protocol.recv_frame(sock)
+                except TimeoutError as exc:
+                    raise _silent(self.home, timeout, method) from exc
                 except (ConnectionError, OSError) as exc:
                     raise DaemonUnreachable(
                         f"memoriesd closed the connection during {method}: see {self.home.log_path}"
                     ) from exc
                 if "progress" in msg:
-                    if progress is not None:
+                    if progress is not None and not is_keepalive(msg["progress"]):
                         progress(msg["progress"])
                     continue
                 if "error" in msg:

@@ -25,6 +25,8 @@ from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
 
+from .client import CONNECT_TIMEOUT, client_timeout
+
 log = logging.getLogger("memories.mcp")
 
 DATA_NOTICE = (
@@ -71,7 +73,7 @@ class DaemonLink:
         sock.sendall(protocol.encode({"id": next(_ids), "method": method, "params": params}))
         while True:
             msg = protocol.recv_frame(sock)
-            if "progress" in msg:
+            if "progress" in msg:  # progress and keep-alive frames are never shown to the MCP client
                 continue
             if "error" in msg:
                 err = msg.get("error") or {}
@@ -85,7 +87,9 @@ class DaemonLink:
         except (OSError, MemoriesError) as exc:
             raise self._unreachable() from exc
         try:
+            sock.settimeout(CONNECT_TIMEOUT)
             sock.connect(str(self.home.socket_path))
+            sock.settimeout(client_timeout())  # keep-alive frames (ignored below) keep long calls alive
             self._exchange(sock, "session.grant", {"token": self._token})
         except (OSError, ConnectionError) as exc:
             sock.close()

@@ -30,6 +30,12 @@ class DaemonConfig:
     # Test-only: one more uid allowed to connect besides the daemon's own (-1 = none).
     test_allow_uid: int = -1
     max_frame_mib: int = 16
+    # Resource bounds (issue 13; SECURITY.md "Resource bounds").
+    max_connections: int = 256  # also capped below the open-file limit
+    idle_timeout_seconds: float = 600.0  # 0 = never close an idle connection
+    max_requests_per_connection: int = 32  # in flight; further frames are not read until one ends
+    write_timeout_seconds: float = 30.0  # a client that does not read its replies this long is cut off
+    keepalive_seconds: float = 10.0  # a keep-alive progress frame this often while a request runs
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class RagConfig:
     max_document_mib: float = 4.0
     ask_min_cosine: float = 0.25  # vector evidence floor for `ask`; -1 = every nearest neighbour counts
     rerank_default: bool = True
+    vector_weight: float = 0.0  # hybrid: the vector ranking's weight in weighted RRF (BM25 = 1); 0 = the model's measured default
     background_index: bool = True  # embed missing fragments in the background (local model only)
     model_idle_minutes: float = 10.0  # release the local model after this long unused; 0 = keep it
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -126,6 +133,12 @@ _RANGES: dict[str, tuple[float, float]] = {
     "daemon.auto_lock_minutes": (0, 60 * 24 * 365),
     "daemon.test_allow_uid": (-1, 2**32 - 1),
     "daemon.max_frame_mib": (9, 256),
+    "daemon.max_connections": (1, 65536),
+    "daemon.idle_timeout_seconds": (0, 7 * 86400),
+    "daemon.max_requests_per_connection": (1, 1024),
+    "daemon.write_timeout_seconds": (0.05, 3600),
+    # Below the CLI's 30 s silence timeout, so a running request never looks like a hung daemon.
+    "daemon.keepalive_seconds": (0.05, 20),
     "vault.kdf_memory_kib": (8, 4 * 1024 * 1024),
     "vault.kdf_iterations": (1, 64),
     "vault.kdf_lanes": (1, 64),
@@ -141,6 +154,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "rag.max_document_mib": (0.001, 64),
     "rag.ask_min_cosine": (-1, 1),
     "rag.model_idle_minutes": (0, 60 * 24 * 365),
+    "rag.vector_weight": (0, 100),
     "rag.http.retries": (0, 5),
     "rag.http.backoff_ms": (0, 60000),
     "rag.http.connect_timeout_seconds": (0.05, 600),

@@ -31,6 +31,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 from .. import __version__  # noqa: E402
 from ..config import Config, load_config  # noqa: E402
 from ..errors import (  # noqa: E402
+    Busy,
     DaemonRunning,
     FrameTooLarge,
     Internal,
@@ -41,22 +42,28 @@ from ..errors import (  # noqa: E402
     VaultLocked,
 )
 from ..home import Home, resolve_home  # noqa: E402
+from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
-from . import protocol  # noqa: E402
+from . import grants, handlers, protocol, rag_handlers  # noqa: E402
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
+from .lograte import LogRateLimit, installed_limits  # noqa: E402
 
-try:  # method groups register themselves in HANDLERS on import
-    from . import grants as _grants  # noqa: E402,F401
-except ImportError:  # pragma: no cover - until grants exist
-    pass
-try:
-    from . import rag_handlers as _rag_handlers  # noqa: E402,F401
-except ImportError:  # pragma: no cover
-    pass
+# Every method family, imported eagerly and unconditionally: each module registers its methods in
+# HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
+# method" for a whole family later).
+METHOD_MODULES = (handlers, grants, rag_handlers)
 
 log = logging.getLogger("memoriesd")
+
+#: File descriptors kept free for everything but client connections (vault files, the model, the log).
+FD_RESERVE = 64
+#: Bytes of a connection's unread input kept in memory (twice this before reading pauses).
+READ_LIMIT = 64 * 1024
+#: Transport write buffer: drain() waits above HIGH until the buffer is below LOW.
+WRITE_HIGH = 256 * 1024
+WRITE_LOW = 64 * 1024
 
 
 def harden() -> None:
@@ -78,10 +85,37 @@ def harden() -> None:
         pass
 
 
+def raise_nofile_limit() -> int:
+    """Raise the soft open-file limit toward the hard one (at most 65,536); return the soft limit in force."""
+    cap = 1 << 16
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, ValueError, OSError):
+        return cap
+    inf = resource.RLIM_INFINITY
+    target = cap if hard == inf else min(hard, cap)
+    if soft != inf and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return cap if soft == inf else int(soft)
+
+
+def connection_limit(configured: int, nofile: int) -> int:
+    """``[daemon] max_connections``, capped so client sockets can never exhaust the open-file limit."""
+    return max(1, min(configured, nofile - FD_RESERVE))
+
+
 def setup_logging(home: Home, level: str) -> None:
     fd = os.open(home.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", buffering=1))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # No flood can fill the disk: the same line more than 10 times a minute is counted, not written.
+    handler.addFilter(LogRateLimit(handler))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -98,13 +132,7 @@ class App:
         self.vaults = VaultManager(home, config)
         self.started = time.monotonic()
         self._stop_cb: Any = None
-        self.rag: Any = None
-        try:
-            from ..rag.engine import RagEngine  # noqa: PLC0415 - optional until the engine exists
-
-            self.rag = RagEngine(self)
-        except ImportError:
-            self.rag = None
+        self.rag: Any = RagEngine(self)
 
     def request_stop(self) -> None:
         if self._stop_cb is not None:
@@ -127,6 +155,11 @@ class App:
 
 
 class Connection:
+    """One client. Bounded: at most ``max_requests_per_connection`` requests in flight (no further frame
+    is read until one ends: backpressure on the client), replies it does not read for
+    ``write_timeout_seconds`` cut it off, and the server closes it after ``idle_timeout_seconds``
+    without a request."""
+
     def __init__(self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.server = server
         self.reader = reader
@@ -135,6 +168,28 @@ class Connection:
         self.cancelled = threading.Event()
         self.grant: Any = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(server.max_inflight)
+        self.last_active = time.monotonic()
+        self.closed = False
+        with contextlib.suppress(Exception):
+            writer.transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+
+    @property
+    def idle(self) -> bool:
+        return not self.tasks and not self.closed
+
+    def close(self) -> None:
+        """Close gracefully (buffered replies are still written): the idle timeout."""
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    def cut_off(self) -> None:
+        """Drop the connection and its unsent replies; its running requests are cancelled."""
+        self.closed = True
+        self.cancelled.set()
+        with contextlib.suppress(Exception):
+            self.writer.transport.abort()
 
     async def send(self, message: dict[str, Any]) -> None:
         try:
@@ -142,39 +197,67 @@ class Connection:
         except FrameTooLarge as exc:
             data = protocol.encode({"id": message.get("id"), "error": exc.to_dict()})
         async with self.write_lock:
-            if self.writer.is_closing():
+            if self.closed or self.writer.is_closing():
                 return
             self.writer.write(data)
-            with contextlib.suppress(ConnectionError):
-                await self.writer.drain()
+            try:
+                await asyncio.wait_for(self.writer.drain(), self.server.write_timeout)
+            except TimeoutError:
+                log.warning("cut off a client that read none of its replies for %g s", self.server.write_timeout)
+                self.cut_off()
+            except ConnectionError:
+                pass
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.slots.release()
+        self.last_active = time.monotonic()
+
+    async def _next_frame(self) -> bytes | None:
+        """The next request frame, or None when the connection ended (or must end)."""
+        try:
+            header = await self.reader.readexactly(protocol.HEADER.size)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        self.last_active = time.monotonic()
+        (n,) = protocol.HEADER.unpack(header)
+        if n > self.server.max_frame:
+            err = FrameTooLarge(
+                f"the request frame is {n:,} bytes, over the {self.server.max_frame // (1024 * 1024)} MiB limit"
+            )
+            await self.send({"id": None, "error": err.to_dict()})
+            return None  # the stream cannot be resynchronised without reading it
+        try:
+            payload = await self.reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        self.last_active = time.monotonic()
+        return payload
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while True:
+            while not self.closed:
+                await self.slots.acquire()  # backpressure: read nothing more while the bound is reached
+                slot_held = True
                 try:
-                    header = await self.reader.readexactly(protocol.HEADER.size)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                (n,) = protocol.HEADER.unpack(header)
-                if n > self.server.max_frame:
-                    err = FrameTooLarge(
-                        f"the request frame is {n:,} bytes, over the {self.server.max_frame // (1024 * 1024)} MiB limit"
-                    )
-                    await self.send({"id": None, "error": err.to_dict()})
-                    return  # the stream cannot be resynchronised without reading it
-                try:
-                    payload = await self.reader.readexactly(n)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                try:
-                    req = protocol.decode(payload)
-                except ProtocolError as exc:
-                    await self.send({"id": None, "error": exc.to_dict()})
-                    continue
-                task = loop.create_task(self.handle(req))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                    if self.closed:
+                        return
+                    payload = await self._next_frame()
+                    if payload is None or self.closed:
+                        return
+                    try:
+                        req = protocol.decode(payload)
+                    except ProtocolError as exc:
+                        await self.send({"id": None, "error": exc.to_dict()})
+                        continue
+                    task = loop.create_task(self.handle(req))
+                    self.tasks.add(task)
+                    slot_held = False  # released when the task ends
+                    task.add_done_callback(self._finished)
+                finally:
+                    if slot_held:
+                        self.slots.release()
         finally:
             self.cancelled.set()
             if self.tasks:
@@ -190,9 +273,8 @@ class Connection:
             if not isinstance(method, str):
                 raise InvalidParams("the request has no method")
             if method == "session.grant":
-                from .grants import present_grant  # noqa: PLC0415
-
-                result = await loop.run_in_executor(self.server.pool, present_grant, self.server.app, self, Params(req.get("params")))
+                fut = loop.run_in_executor(self.server.pool, grants.present_grant, self.server.app, self, Params(req.get("params")))
+                result = await self._keepalive_until(rid, fut)
                 await self.send({"id": rid, "result": result})
                 return
 
@@ -200,7 +282,7 @@ class Connection:
                 asyncio.run_coroutine_threadsafe(self.send({"id": rid, "progress": p}), loop)
 
             ctx = Context(Params(req.get("params")), progress, self.cancelled, self.grant)
-            result = await loop.run_in_executor(self.server.pool, self.server.app.dispatch, method, ctx)
+            result = await self._keepalive_until(rid, loop.run_in_executor(self.server.pool, self.server.app.dispatch, method, ctx))
             await self.send({"id": rid, "result": result})
         except MemoriesError as exc:
             if exc.code in ("internal",):
@@ -211,17 +293,34 @@ class Connection:
             err = Internal("the daemon hit an internal error; details are in the daemon log (logs/memoriesd.log)")
             await self.send({"id": rid, "error": err.to_dict()})
 
+    async def _keepalive_until(self, rid: Any, fut: asyncio.Future[Any]) -> Any:
+        """Await ``fut``, sending ``{"id": rid, "progress": {"keepalive": true}}`` every ``keepalive_seconds``
+        meanwhile, so a client can tell a long request from a hung daemon."""
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=self.server.keepalive)
+            if done:
+                return fut.result()
+            await self.send({"id": rid, "progress": {"keepalive": True}})
+
 
 class Server:
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, nofile: int | None = None) -> None:
         self.app = app
-        self.max_frame = app.config.daemon.max_frame_mib * 1024 * 1024
+        cfg = app.config.daemon
+        self.max_frame = cfg.max_frame_mib * 1024 * 1024
+        self.nofile = nofile if nofile is not None else raise_nofile_limit()
+        self.max_connections = connection_limit(cfg.max_connections, self.nofile)
+        self.max_inflight = cfg.max_requests_per_connection
+        self.idle_timeout = cfg.idle_timeout_seconds
+        self.write_timeout = cfg.write_timeout_seconds
+        self.keepalive = cfg.keepalive_seconds
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="memoriesd")
         self.allowed_uids = {os.getuid()}
         if app.config.daemon.test_allow_uid >= 0:
             self.allowed_uids.add(app.config.daemon.test_allow_uid)
         self.stopping = asyncio.Event()
         self.connections: set[Connection] = set()
+        self.active = 0  # accepted client sockets not yet closed (each holds a file descriptor)
 
     def peer_uid(self, writer: asyncio.StreamWriter) -> int | None:
         sock = writer.get_extra_info("socket")
@@ -249,6 +348,53 @@ class Server:
         finally:
             self.connections.discard(conn)
 
+    def refuse_busy(self, sock: socket.socket) -> None:
+        """Over the limit: one ``busy`` frame, written at once if the socket buffer takes it, and the
+        socket closed right away (no transport, no task, no file descriptor kept)."""
+        log.warning("refused a connection: %d connections are already served (the limit)", self.active)
+        busy = Busy(
+            f"the daemon already serves {self.active} connections: close idle clients (MCP servers, scripts) and retry"
+        )
+        with contextlib.suppress(OSError):
+            sock.send(protocol.encode({"id": None, "error": busy.to_dict()}))
+        sock.close()
+
+    async def accept_loop(self, listener: socket.socket) -> None:
+        """Accept one connection at a time, counting it before anything else uses a file descriptor for
+        it, so client sockets can never exhaust the open-file limit."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _addr = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS...: back off (the log is rate-limited)
+                log.error("cannot accept a connection (%s): retrying in a moment", exc.strerror or exc)
+                await asyncio.sleep(0.5)
+                continue
+            if self.active >= self.max_connections:
+                self.refuse_busy(sock)
+            else:
+                self.active += 1
+                loop.create_task(self.serve_socket(sock))
+            await asyncio.sleep(0)  # a flood of connections never starves the other clients
+
+    async def serve_socket(self, sock: socket.socket) -> None:
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=READ_LIMIT)
+            await self.on_client(reader, writer)
+        except Exception:  # noqa: BLE001 - one client's failure is never the daemon's
+            log.exception("a connection failed")
+        finally:
+            if writer is None:
+                sock.close()
+            else:
+                writer.close()
+                try:  # until its file descriptor is closed; a client that never reads cannot hold it
+                    await asyncio.wait_for(writer.wait_closed(), self.write_timeout)
+                except Exception:  # noqa: BLE001 - TimeoutError included
+                    writer.transport.abort()
+            self.active -= 1
+
     async def auto_lock_loop(self) -> None:
         minutes = self.app.config.daemon.auto_lock_minutes
         if minutes <= 0:
@@ -259,25 +405,64 @@ class Server:
             await asyncio.sleep(interval)
             await loop.run_in_executor(self.pool, self.app.vaults.expire_idle)
 
+    async def idle_close_loop(self) -> None:
+        """Close connections with no request in flight and nothing read for ``idle_timeout_seconds``."""
+        timeout = self.idle_timeout
+        if timeout <= 0:
+            return
+        interval = max(0.05, min(5.0, timeout / 4))
+        while not self.stopping.is_set():
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                if conn.idle and now - conn.last_active >= timeout:
+                    log.info("closed a connection idle for %g s", timeout)
+                    conn.close()
+
+    async def log_summary_loop(self) -> None:
+        """Write the log rate limit's summaries soon after their minute ends, even if nothing else is logged."""
+        while not self.stopping.is_set():
+            await asyncio.sleep(5.0)
+            for limit in installed_limits():
+                limit.flush()
+
     async def run(self) -> None:
         home = self.app.home
         loop = asyncio.get_running_loop()
-        server = await asyncio.start_unix_server(self.on_client, path=str(home.socket_path), limit=1 << 20)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(home.socket_path))
         os.chmod(home.socket_path, 0o600)
+        listener.listen(128)
+        listener.setblocking(False)
+        accepting = loop.create_task(self.accept_loop(listener))
         self.app._stop_cb = lambda: loop.call_soon_threadsafe(self.stopping.set)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         log.info("memoriesd %s serving (pid %d)", __version__, os.getpid())
+        configured = self.app.config.daemon.max_connections
+        if self.max_connections < configured:
+            log.warning(
+                "serving at most %d connections, not max_connections = %d: the open-file limit is %d "
+                "(raise it with `ulimit -n` before starting memoriesd)",
+                self.max_connections,
+                configured,
+                self.nofile,
+            )
         print(f"memoriesd {__version__} listening on {home.socket_path}", file=sys.stderr, flush=True)
         auto = loop.create_task(self.auto_lock_loop())
-        if self.app.rag is not None:
-            loop.run_in_executor(self.pool, self.app.rag.warm)
+        background = [loop.create_task(self.idle_close_loop()), loop.create_task(self.log_summary_loop())]
+        loop.run_in_executor(self.pool, self.app.rag.warm)
         try:
             await self.stopping.wait()
         finally:
             log.info("stopping")
-            server.close()
+            accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await accepting
+            listener.close()
             auto.cancel()
+            for task in background:
+                task.cancel()
             for conn in list(self.connections):
                 conn.cancelled.set()
             # In-flight writes finish (each batch is atomic); give them a moment.
@@ -285,6 +470,8 @@ class Server:
             await asyncio.to_thread(self.app.vaults.lock_all, "shutdown")
             with contextlib.suppress(FileNotFoundError):
                 home.socket_path.unlink()
+            for limit in installed_limits():
+                limit.flush_all()
 
 
 def acquire_lock(home: Home) -> int:
@@ -312,9 +499,10 @@ def run_daemon(home: Home) -> int:
                 logging.getLogger("memoriesd").warning("removed a stale %s from an earlier crash", stale.name)
                 stale.unlink()
         home.pid_path.write_text(f"{os.getpid()}\n")
+        nofile = raise_nofile_limit()
         app = App(home, config)
         try:
-            asyncio.run(Server(app).run())
+            asyncio.run(Server(app, nofile).run())
         finally:
             with contextlib.suppress(FileNotFoundError):
                 home.pid_path.unlink()

@@ -37,6 +37,10 @@ def decode(payload: bytes) -> dict[str, Any]:
         obj = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError("the frame is not valid UTF-8 JSON") from exc
+    except RecursionError as exc:
+        raise ProtocolError("the frame's JSON is nested too deeply") from exc
+    except Exception as exc:  # whatever the parser raises, it is the sender's frame
+        raise ProtocolError("the frame cannot be decoded as JSON") from exc
     if not isinstance(obj, dict):
         raise ProtocolError("the frame is not a JSON object")
     return obj
