@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -27,7 +28,8 @@ NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (lig
 
 
 class Progress:
-    """A rich progress bar on a terminal, plain lines otherwise (stderr)."""
+    """A rich progress bar with ETA on a terminal; otherwise one JSON object per line on stderr
+    (``{"progress": "embed", "done": 120, "total": 14747, "eta_seconds": 3400.0}``), at most every 2 s."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -59,7 +61,7 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
 
-    def update(self, name: str, done: int, total: int) -> None:
+    def update(self, name: str, done: int, total: int, eta_seconds: float | None = None) -> None:
         if self._bar is not None:
             task = self._tasks.get(name)
             if task is None:
@@ -70,7 +72,10 @@ class Progress:
         if (now - self._last_line >= 2.0 or done >= total) and (name, done) != self._last:
             self._last_line = now
             self._last = (name, done)
-            sys.stderr.write(f"{name}: {done:,}/{total:,}\n")
+            line: dict[str, Any] = {"progress": name, "done": done, "total": total}
+            if eta_seconds is not None:
+                line["eta_seconds"] = eta_seconds
+            sys.stderr.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
 def _progress_cm(label: str) -> AbstractContextManager[Any]:
@@ -230,7 +235,8 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
 
         def on_progress(p: dict[str, Any]) -> None:
             if bar is not None:
-                bar.update("embed", int(p["done"]), int(p["total"]))
+                eta = p.get("eta_seconds")
+                bar.update("embed", int(p["done"]), int(p["total"]), None if eta is None else float(eta))
 
         idle_changes = 0
         while True:

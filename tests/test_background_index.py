@@ -119,3 +119,19 @@ def test_background_index_off_keeps_the_foreground_behaviour(tmp_path: Path) -> 
         assert emb["state"] == "off"
         out = cli_json(d.home, "rag", "index", vid)
         assert out["embedded"] == 1
+
+
+def test_rag_index_off_a_terminal_writes_json_progress_lines(tmp_path: Path) -> None:
+    import json
+
+    if not MINILM.is_dir():  # pragma: no cover
+        raise AssertionError(f"{MINILM} is missing")
+    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, 120)
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        r = run_cli(d.home, "rag", "index", vid)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+        assert lines and all(x["progress"] == "embed" and x["done"] <= x["total"] for x in lines)
+        assert "Traceback" not in r.stderr
