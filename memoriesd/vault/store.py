@@ -13,13 +13,11 @@ the head's) are moved to a ``preserved-*`` file. When the disk fails a write aft
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import logging
 import os
-import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,10 +50,10 @@ from .format import (
     seal_head,
 )
 from .records import Record, now
+from .recovery import clean_leftovers, preserve_bytes
 
 log = logging.getLogger("memoriesd.vault")
 
-_LOG_FILE = re.compile(r"log-(\d{8,})\.bin")
 
 
 def _why(exc: BaseException) -> str:
@@ -237,7 +235,7 @@ class VaultStore:
         try:
             if len(data) > head.log_bytes:
                 self._recover_tail(path, data)
-            self._clean_leftovers()
+            clean_leftovers(self.dir, self.vault_id, self.head.epoch)
         except OSError as exc:
             raise DiskError(
                 f"vault {label} could not finish recovering an interrupted write: the disk reported an error "
@@ -263,7 +261,7 @@ class VaultStore:
                 except (KeyError, ValueError, TypeError, AssertionError) as exc:
                     raise VaultCorrupt(f"vault {label} is damaged (a record is malformed): restore from a backup") from exc
         if kept < len(data):
-            name = self._preserve_bytes(f"{PRESERVED_PREFIX}tail-{self.head.epoch:08d}-{kept}.bin", data[kept:])
+            name = preserve_bytes(self.dir, f"{PRESERVED_PREFIX}tail-{self.head.epoch:08d}-{kept}.bin", data[kept:])
             log.warning(
                 "vault %s: moved %d bytes of an incomplete or unmarked log write to %s (sealed, not loaded)",
                 self.vault_id,
@@ -284,72 +282,6 @@ class VaultStore:
             with open(path, "r+b") as f:
                 f.truncate(kept)
                 os.fsync(f.fileno())
-
-    def _names(self, name: str) -> Iterator[Path]:
-        """``name``, then ``stem-2.ext``, ``stem-3.ext``...: a preserved file never replaces another."""
-        stem, dot, ext = name.rpartition(".")
-        yield self.dir / name
-        for n in itertools.count(2):
-            yield self.dir / f"{stem}-{n}{dot}{ext}"
-
-    def _free_name(self, name: str) -> Path:
-        return next(p for p in self._names(name) if not os.path.lexists(p))
-
-    def _preserve_bytes(self, name: str, data: bytes) -> str:
-        """Keep ``data`` (ciphertext) durably in a preserved file; returns its name."""
-        for candidate in self._names(name):
-            if not os.path.lexists(candidate):
-                atomic_write(candidate, data)
-                return candidate.name
-            if candidate.is_file() and candidate.read_bytes() == data:
-                return candidate.name  # kept by an earlier unlock that stopped before cutting the log
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _clean_leftovers(self) -> None:
-        """Remove what is provably redundant; preserve a log the head does not explain.
-
-        - ``.*.tmp``: temp files of atomic writes that never renamed (the target is intact).
-        - a log of an OLDER epoch than the head's: removed. The head names a newer log, and a
-          head can only name a log once that log was written and fsynced in full (compaction
-          writes the whole new log first), so the older log is a finished compaction's input.
-        - a log of a NEWER epoch than the head's: never removed. It is normally an interrupted
-          compaction (a copy of what the current log holds), but it can also be the real vault
-          beside an older head.bin and log that were put back (a rollback or a partial restore),
-          and from the files alone the two cannot be told apart without trusting a comparison
-          with the loaded state. Keeping it costs only disk space, so it is renamed to
-          ``preserved-log-<epoch>.bin`` (out of the way of the next compaction, never loaded)
-          and the daemon log says so. ``preserved-*`` files and ``unlock-failures`` are never
-          touched here.
-        """
-        changed = False
-        for p in sorted(self.dir.iterdir()):
-            name = p.name
-            if name.startswith(".") and name.endswith(".tmp"):
-                log.warning("vault %s: removed a temp file of an interrupted write", self.vault_id)
-                p.unlink(missing_ok=True)
-                changed = True
-                continue
-            m = _LOG_FILE.fullmatch(name)
-            if m is None or int(m.group(1)) == self.head.epoch:
-                continue
-            epoch = int(m.group(1))
-            if epoch < self.head.epoch:
-                log.warning("vault %s: removed the log of epoch %d (replaced by a compaction)", self.vault_id, epoch)
-                p.unlink(missing_ok=True)
-            else:
-                target = self._free_name(f"{PRESERVED_PREFIX}{name}")
-                os.rename(p, target)
-                log.warning(
-                    "vault %s: kept a log of epoch %d, newer than the head's (epoch %d), as %s; it was "
-                    "not loaded (an interrupted compaction, or an older head.bin put back)",
-                    self.vault_id,
-                    epoch,
-                    self.head.epoch,
-                    target.name,
-                )
-            changed = True
-        if changed:
-            fsync_dir(self.dir)
 
     def close(self) -> None:
         """Forget the key and every record (lock)."""
