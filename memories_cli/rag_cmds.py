@@ -164,6 +164,7 @@ def search(
     no_rerank: NoRerank = False,
     min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine-similarity floor for vector candidates (say 'nothing relevant' when none pass).")] = None,
     rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
+    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector ranking's weight in weighted RRF, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
 ) -> None:
     """Search fragments, best first, each with a citation label [S1], [S2]..."""
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
@@ -173,6 +174,8 @@ def search(
         params["min_score"] = min_score
     if rrf_k is not None:
         params["rrf_k"] = rrf_k
+    if vector_weight is not None:
+        params["vector_weight"] = vector_weight
     out = call("rag.search", params)
     if STATE.json:
         emit_json({"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]})

@@ -170,3 +170,20 @@ def test_weighted_rrf_lets_the_stronger_ranking_lead_and_defaults_to_plain_rrf()
     for bad in ((1.0,), (1.0, -1.0), (1.0, float("nan"))):
         with pytest.raises(ValueError):
             rrf_ranks([bm25, vector], 60, weights=bad)
+
+
+def test_rag_search_takes_a_vector_weight_and_refuses_one_out_of_range(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from .conftest import cli_json, create_vault, run_cli, running_daemon
+    from .tinymodel import make_tiny_model
+
+    model = Path(str(tmp_path)) / "m"
+    make_tiny_model(model, seed=1)
+    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n') as d:
+        vid = create_vault(d)
+        d.call("memory.add", {"vault": vid, "title": "a", "body": "coffee tea"})
+        out = cli_json(d.home, "rag", "search", vid, "coffee", "--mode", "hybrid", "--vector-weight", "2")
+        assert out["mode"] == "hybrid" and out["results"]
+        bad = run_cli(d.home, "rag", "search", vid, "coffee", "--mode", "hybrid", "--vector-weight", "0")
+        assert bad.returncode == 2 and "--vector-weight" in bad.stderr and "Traceback" not in bad.stderr
