@@ -50,3 +50,74 @@ def test_spare_vectors_stay_under_their_share_and_an_undone_edit_reuses_its_vect
     # A recent edit undone is reused from the spares in memory.
     call(app, "memory.update", vault=vid, id=rid, body="coffee w099 edit 299")
     assert call(app, "rag.index", vault=vid)["embedded"] == 0
+
+
+def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: Any, tmp_path: Path) -> None:  # noqa: F811
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=6)
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n[rag.cache]\nmax_vector_mib = 0.01\n')
+    vid = call(app, "vault.create", name="rr", passphrase=PW)["vault_id"]
+    rid = call(app, "memory.add", vault=vid, title="t", body="coffee tea original")["id"]
+    call(app, "rag.index", vault=vid)
+    for i in range(60):  # 0.0025 MiB of spares = 20 vectors: the first texts are trimmed
+        call(app, "memory.update", vault=vid, id=rid, body=f"coffee edit {i}")
+        call(app, "rag.index", vault=vid)
+    space = app.rag.peek_index(app.vaults.store(vid)).vectors
+    loads = 0
+    real_load = space.sidecar.load
+
+    def counting_load() -> Any:
+        nonlocal loads
+        loads += 1
+        return real_load()
+
+    space.sidecar.load = counting_load
+    # New text: nothing on disk can match it, so the sidecar is not read again.
+    for i in range(5):
+        call(app, "memory.update", vault=vid, id=rid, body=f"coffee brand new {i}")
+        assert call(app, "rag.index", vault=vid)["embedded"] == 1
+    assert loads == 0
+    # A recent text: reused from the spares in memory.
+    call(app, "memory.update", vault=vid, id=rid, body="coffee edit 59")
+    assert call(app, "rag.index", vault=vid)["embedded"] == 0 and loads == 0
+    # A trimmed text: read back from the sidecar once, not re-embedded.
+    call(app, "memory.update", vault=vid, id=rid, body="coffee tea original")
+    assert call(app, "rag.index", vault=vid)["embedded"] == 0 and loads == 1
+    assert space.spare_count <= int(0.01 * 1024 * 1024 * 0.25) // (32 * 4)
+
+
+def test_the_vector_index_gives_capacity_back_after_most_rows_are_removed() -> None:
+    import numpy as np
+
+    from memoriesd.index.vectors import VectorIndex
+
+    ix = VectorIndex(8)
+    rng = np.random.default_rng(0)
+    ix.add(list(range(1000)), rng.normal(size=(1000, 8)).astype(np.float32))
+    keep = ix.get(7)
+    assert ix.capacity >= 1000
+    ix.remove(range(10, 1000))
+    assert len(ix) == 10 and ix.capacity <= 64
+    got = ix.get(7)
+    assert keep is not None and got is not None and np.array_equal(got, keep)
+    assert [k for k, _ in ix.search(keep, 1)] == [7]
+
+
+def test_a_vector_added_for_a_fragment_released_meanwhile_is_swept_by_attach(make_app: Any, tmp_path: Path) -> None:  # noqa: F811
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=7)
+    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n')
+    vid = call(app, "vault.create", name="race", passphrase=PW)["vault_id"]
+    rid = call(app, "memory.add", vault=vid, title="t", body="coffee first")["id"]
+    call(app, "rag.index", vault=vid)
+    idx = app.rag.peek_index(app.vaults.store(vid))
+    space = idx.vectors
+    old = idx.live_frag_ids()
+    # As an embed pass that raced the change would: the old fragment's vector lands after its drop.
+    vec = space.index.get(old[0])
+    call(app, "memory.update", vault=vid, id=rid, body="coffee second")
+    call(app, "rag.index", vault=vid)
+    space.index.add(old, vec[None, :])
+    call(app, "memory.update", vault=vid, id=rid, body="coffee third")
+    call(app, "rag.index", vault=vid)
+    assert sorted(space.index.keys()) == sorted(idx.live_frag_ids())

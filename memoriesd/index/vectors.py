@@ -133,7 +133,15 @@ class VectorIndex:
                 self._row[moved] = row
             self._keys.pop()
             removed += 1
+        n = len(self._keys)
+        if removed and self._buf.shape[0] > max(64, 4 * n):  # most rows gone: give the spare capacity back
+            self._buf = self._buf[: max(64, 2 * n)].copy()
         return removed
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated (at least ``len(self)``)."""
+        return int(self._buf.shape[0])
 
     def clear(self) -> None:
         self._buf = np.empty((0, self.dims), dtype=np.float32)

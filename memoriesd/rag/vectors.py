@@ -11,6 +11,7 @@ sealed vectors before they are loaded (:func:`sealed_status`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import threading
@@ -176,6 +177,13 @@ def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote:
     return out
 
 
+def _key_hashes(keys: Sequence[str]) -> np.ndarray:
+    """Sorted unique 8-byte hashes of entry keys (for :attr:`VectorSpace._evicted`)."""
+    return np.unique(np.fromiter(
+        (int.from_bytes(hashlib.blake2b(k.encode("utf-8"), digest_size=8).digest(), "little") for k in keys),
+        dtype=np.uint64, count=len(keys)))
+
+
 class VectorSpace:
     """The vectors of one :class:`~memoriesd.index.caches.VaultIndex` under one embedder."""
 
@@ -199,7 +207,12 @@ class VectorSpace:
         # (kept for a fragment that comes back, e.g. an edit undone). Never the live ones (the index
         # holds those), and at most SPARE_SHARE of max_vector_mib; None until the sidecar is read.
         self._known: dict[str, np.ndarray] | None = None
-        self._known_partial = False  # spares were trimmed: the sidecar may hold more
+        # Sealed vectors held neither by the index nor as spares (trimmed): 8-byte hashes of their
+        # keys, sorted, so attach() re-reads the sidecar only for a key it may hold, not for every
+        # new text. A superset is harmless (one needless read); unknown (drop() without keys) is
+        # _known_partial, which re-reads on any miss.
+        self._evicted = np.empty(0, dtype=np.uint64)
+        self._known_partial = False
         self.lock = threading.RLock()
         register_space(store, self._sealer, identity, dims)
 
@@ -214,16 +227,21 @@ class VectorSpace:
         with self.lock:
             live = vault_index.live_frag_ids()
             missing = [fid for fid in live if fid not in self.index]
+            if len(self.index) > len(live) - len(missing):
+                # An embed pass that raced a change may have added a fragment released just after.
+                live_set = set(live)
+                self.index.remove([fid for fid in self.index.keys() if fid not in live_set])
             if not missing:
                 return
             keys = {fid: self.key_of(vault_index, fid) for fid in missing}
-            if self._known is None or (self._known_partial and any(k not in self._known for k in keys.values())):
+            if self._known is None or self._may_be_sealed([k for k in keys.values() if k not in self._known]):
                 t0 = time.perf_counter()
                 loaded = self.sidecar.load()
                 log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, len(loaded), time.perf_counter() - t0)
                 # Spares only: what the index already holds is not kept twice.
                 in_index = {self.key_of(vault_index, fid) for fid in live if fid in self.index}
                 self._known = {k: v for k, v in loaded.items() if k not in in_index}
+                self._evicted = np.empty(0, dtype=np.uint64)
                 self._known_partial = False
             found_ids, found_vecs = [], []
             for fid in missing:
@@ -245,9 +263,18 @@ class VectorSpace:
         budget = int(self.max_vector_mib * 1024 * 1024 * SPARE_SHARE) // max(1, self.dims * 4)
         if len(self._known) > budget:
             drop = len(self._known) - budget
-            for k in list(itertools.islice(self._known, drop)):
+            gone = list(itertools.islice(self._known, drop))
+            for k in gone:
                 del self._known[k]
-            self._known_partial = True
+            self._evicted = np.union1d(self._evicted, _key_hashes(gone))
+
+    def _may_be_sealed(self, keys: Sequence[str]) -> bool:
+        """Whether the sidecar may hold a vector for one of ``keys`` that memory does not."""
+        if not keys:
+            return False
+        if self._known_partial:
+            return True
+        return bool(self._evicted.size) and bool(np.isin(_key_hashes(keys), self._evicted, assume_unique=False).any())
 
     @property
     def spare_count(self) -> int:
@@ -331,12 +358,19 @@ class VectorSpace:
                                     vault_index.vault_id)
                 if kept:
                     self.sidecar.append({key: v for _, key, v in kept})
-                    if self._known is not None:  # live now: not spares
-                        for _, key, _v in kept:
+                    live = []
+                    for fid, key, v in kept:
+                        if vault_index.get_fragment(fid) is not None:  # live now: not a spare
+                            if self._known is not None:
+                                self._known.pop(key, None)
+                            if fid not in self.index:
+                                live.append((fid, v))
+                        elif self._known is not None:  # its record changed meanwhile: a spare
                             self._known.pop(key, None)
-                    live = [(fid, v) for fid, _, v in kept if fid not in self.index]
+                            self._known[key] = v
                     if live:
                         self.index.add([f for f, _ in live], np.stack([v for _, v in live]))
+                    self._trim_spares()
             done += len(kept)
             if on_batch is not None:
                 on_batch(done)
@@ -395,6 +429,7 @@ class VectorSpace:
         with self.lock:
             self.index.clear()
             self._known = None
+            self._evicted = np.empty(0, dtype=np.uint64)
             self._sealer.wipe()
 
 
