@@ -29,6 +29,26 @@ from memoriesd.server.lograte import LogRateLimit
 from .conftest import REPO, Daemon, create_vault, run_cli, running_daemon, short_tmpdir, write_config
 
 
+def _connect(d: Daemon, timeout: float = 10.0) -> socket.socket:
+    """Connect with a timeout: a daemon that stopped accepting leaves a blocking connect() hanging.
+    (A Unix socket's connect fails at once with EAGAIN while the listen backlog is full: retried.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(str(d.socket_path))
+            return s
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+        except OSError:
+            s.close()
+            raise
+
+
 def _frame(sock: socket.socket, timeout: float = 10.0) -> dict[str, Any]:
     sock.settimeout(timeout)
     return protocol.recv_frame(sock)
@@ -69,7 +89,7 @@ def _hold(d: Daemon, n: int) -> tuple[list[socket.socket], int]:
     refused = 0
     deadline = time.monotonic() + 10
     while len(held) < n:
-        s = d.connect()
+        s = _connect(d)
         try:
             reply = _status(s)
         except OSError:
@@ -142,7 +162,7 @@ def test_a_connection_over_max_connections_gets_busy_and_is_closed() -> None:
     with running_daemon("[daemon]\nmax_connections = 4\n") as d:
         held, _ = _hold(d, 4)
         try:
-            extra = d.connect()
+            extra = _connect(d)
             msg = _expect_busy(extra)
             extra.close()
             assert "4 connections" in msg["error"]["message"] and "retry" in msg["error"]["message"]
@@ -155,7 +175,7 @@ def test_a_connection_over_max_connections_gets_busy_and_is_closed() -> None:
             held.pop().close()
             deadline = time.monotonic() + 10
             while True:
-                s = d.connect()
+                s = _connect(d)
                 reply = _status(s)
                 s.close()
                 if "result" in reply or time.monotonic() > deadline:
@@ -182,7 +202,7 @@ def test_the_connection_limit_is_capped_below_a_lowered_open_file_limit() -> Non
     socks: list[socket.socket] = []
     try:
         for _ in range(400):
-            socks.append(d.connect())
+            socks.append(_connect(d))
         # Every connection is either served (silent, open) or refused with one busy frame and closed.
         refused, served = 0, []
         deadline = time.monotonic() + 20
@@ -202,7 +222,7 @@ def test_the_connection_limit_is_capped_below_a_lowered_open_file_limit() -> Non
         for s in served[:5]:
             assert "result" in _status(s)
         # While full, a new client is refused clearly (never left hanging).
-        extra = d.connect()
+        extra = _connect(d)
         _expect_busy(extra)
         extra.close()
         for s in socks:
@@ -210,7 +230,7 @@ def test_the_connection_limit_is_capped_below_a_lowered_open_file_limit() -> Non
         socks.clear()
         deadline = time.monotonic() + 10
         while True:
-            s = d.connect()
+            s = _connect(d)
             reply = _status(s)
             s.close()
             if "result" in reply or time.monotonic() > deadline:
@@ -237,8 +257,8 @@ def test_idle_connections_are_closed_but_not_while_a_request_runs() -> None:
         vid = create_vault(d)
         d.call("vault.lock", {"vault": vid})
         assert "error" in d.request("vault.unlock", {"vault": vid, "passphrase": "wrong"})
-        idle = d.connect()
-        busy = d.connect()
+        idle = _connect(d)
+        busy = _connect(d)
         try:
             started = time.monotonic()
             # A 2.5 s unlock (the delay earned by the wrong passphrase) outlives the 1 s idle timeout.
@@ -258,7 +278,7 @@ def test_idle_connections_are_closed_but_not_while_a_request_runs() -> None:
 
 def test_idle_timeout_zero_keeps_connections() -> None:
     with running_daemon("[daemon]\nidle_timeout_seconds = 0\n") as d:
-        s = d.connect()
+        s = _connect(d)
         try:
             assert not _closed_by_peer(s, 2.5)
             s.setblocking(True)
@@ -275,7 +295,7 @@ def test_pipelined_unread_requests_keep_the_daemon_bounded_and_the_reader_is_cut
         pid = _pid(d)
         before = _settled_rss_mib(pid)
         data = b"".join(protocol.encode({"id": i, "method": "daemon.status", "params": {}}) for i in range(50_000))
-        s = d.connect()
+        s = _connect(d)
         try:
             s.setblocking(False)
             sent, stalled_since = 0, None
@@ -293,7 +313,7 @@ def test_pipelined_unread_requests_keep_the_daemon_bounded_and_the_reader_is_cut
             assert sent < len(data), "the daemon read 50,000 requests it could not answer"
             assert grown < 48, f"the daemon grew by {grown:.0f} MiB"
             # Another client is served meanwhile.
-            other = d.connect()
+            other = _connect(d)
             try:
                 assert "result" in _status(other)
             finally:
@@ -312,7 +332,7 @@ def test_pipelined_unread_requests_keep_the_daemon_bounded_and_the_reader_is_cut
 def test_in_flight_requests_per_connection_are_bounded_without_losing_any() -> None:
     """More pipelined requests than the in-flight bound, read by the client: every one is answered."""
     with running_daemon("[daemon]\nmax_requests_per_connection = 2\n") as d:
-        s = d.connect()
+        s = _connect(d)
         try:
             s.sendall(b"".join(protocol.encode({"id": i, "method": "daemon.status", "params": {}}) for i in range(200)))
             ids = set()
@@ -331,7 +351,7 @@ def test_in_flight_requests_per_connection_are_bounded_without_losing_any() -> N
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 def test_deeply_nested_json_is_a_protocol_error_and_the_connection_stays_usable(depth: int) -> None:
     with running_daemon() as d:
-        s = d.connect()
+        s = _connect(d)
         try:
             body = b'{"id":1,"method":"daemon.status","params":{"x":' + b"[" * depth + b"]" * depth + b"}}"
             s.sendall(struct.pack(">I", len(body)) + body)
@@ -407,7 +427,7 @@ def test_repeated_log_lines_are_rate_limited_with_one_summary() -> None:
     try:
         (held,), busy = _hold(d, 1)
         for _ in range(300):
-            s = d.connect()
+            s = _connect(d)
             assert _frame(s)["error"]["code"] == "busy"
             busy += 1
             s.close()
@@ -484,7 +504,7 @@ def test_long_requests_send_keepalives_and_the_cli_ignores_them() -> None:
         d.call("vault.lock", {"vault": vid})
         assert "error" in d.request("vault.unlock", {"vault": vid, "passphrase": "wrong"})
         # Raw: the 2 s unlock sends keep-alive progress frames, then its answer.
-        s = d.connect()
+        s = _connect(d)
         try:
             s.sendall(protocol.encode({"id": 9, "method": "vault.unlock", "params": {"vault": vid, "passphrase": "wrong again"}}))
             keepalives = 0
