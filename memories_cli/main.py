@@ -13,7 +13,9 @@ import typer
 from memoriesd import __version__
 from memoriesd.errors import MemoriesError, UsageError
 
+from .grant_cmds import register as _register_grants
 from .memory_cmds import memory_app
+from .rag_cmds import register as _register_rag
 from .state import STATE, fail
 from .vault_cmds import daemon_app, vault_app
 
@@ -33,18 +35,10 @@ app.add_typer(vault_app, name="vault")
 app.add_typer(memory_app, name="memory")
 app.add_typer(daemon_app, name="daemon")
 
-try:  # later capabilities register their own command groups
-    from .rag_cmds import register as _register_rag
-
-    _register_rag(app)
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .grant_cmds import register as _register_grants
-
-    _register_grants(app)
-except ImportError:  # pragma: no cover
-    pass
+# Every command group, registered explicitly: a broken import fails every command loudly instead of
+# silently dropping `rag` or `grant` ("No such command").
+_register_rag(app)
+_register_grants(app)
 
 
 def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
