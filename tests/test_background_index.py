@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,18 @@ def _folder(root: Path, n: int, words: int = 120) -> Path:
         body = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(words))
         (folder / f"n{i:04d}.md").write_text(f"# Note {i}\n\n{body}\n")
     return folder
+
+
+@contextlib.contextmanager
+def _minilm_vault(tmp_path: Path, notes: int, extra: str = "", threads: int = 2) -> Iterator[tuple[Daemon, str]]:
+    """A daemon with the small real model and a vault that has just ingested ``notes`` Markdown files."""
+    if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
+        raise AssertionError(f"{MINILM} is missing")
+    with running_daemon(f'{extra}[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = {threads}\n') as d:
+        vid = create_vault(d)
+        folder = _folder(tmp_path, notes)
+        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+        yield d, vid
 
 
 def _status(d: Daemon, vid: str) -> dict[str, Any]:
@@ -55,12 +69,7 @@ def test_ingest_alone_leaves_a_fully_embedded_vault(tmp_path: Path) -> None:
 
 
 def test_lock_pauses_background_indexing_and_unlock_resumes_it(tmp_path: Path) -> None:
-    if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
-        raise AssertionError(f"{MINILM} is missing")
-    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
-        vid = create_vault(d)
-        folder = _folder(tmp_path, 300)  # ~300 fragments: several seconds with MiniLM on 2 cores
-        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+    with _minilm_vault(tmp_path, 300) as (d, vid):  # ~300 fragments: several seconds with MiniLM on 2 cores
         deadline = time.monotonic() + 60
         while _status(d, vid).get("state") != "running" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -81,12 +90,7 @@ def test_lock_pauses_background_indexing_and_unlock_resumes_it(tmp_path: Path) -
 
 
 def test_rag_index_follows_the_background_job_to_the_end(tmp_path: Path) -> None:
-    if not MINILM.is_dir():  # pragma: no cover
-        raise AssertionError(f"{MINILM} is missing")
-    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
-        vid = create_vault(d)
-        folder = _folder(tmp_path, 120)
-        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+    with _minilm_vault(tmp_path, 120) as (d, vid):
         r = run_cli(d.home, "--json", "rag", "index", vid)
         assert r.returncode == 0, r.stderr
         assert "Traceback" not in r.stderr
@@ -95,13 +99,7 @@ def test_rag_index_follows_the_background_job_to_the_end(tmp_path: Path) -> None
 
 
 def test_background_work_does_not_keep_a_vault_from_auto_locking(tmp_path: Path) -> None:
-    if not MINILM.is_dir():  # pragma: no cover
-        raise AssertionError(f"{MINILM} is missing")
-    cfg = f'[daemon]\nauto_lock_minutes = 0.02\n[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 1\n'
-    with running_daemon(cfg) as d:
-        vid = create_vault(d)
-        folder = _folder(tmp_path, 400)
-        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+    with _minilm_vault(tmp_path, 400, extra="[daemon]\nauto_lock_minutes = 0.02\n", threads=1) as (d, vid):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not d.call("vault.status", {"vault": vid})["locked"]:
             time.sleep(0.2)
@@ -124,12 +122,7 @@ def test_background_index_off_keeps_the_foreground_behaviour(tmp_path: Path) -> 
 def test_rag_index_off_a_terminal_writes_json_progress_lines(tmp_path: Path) -> None:
     import json
 
-    if not MINILM.is_dir():  # pragma: no cover
-        raise AssertionError(f"{MINILM} is missing")
-    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n') as d:
-        vid = create_vault(d)
-        folder = _folder(tmp_path, 120)
-        d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
+    with _minilm_vault(tmp_path, 120) as (d, vid):
         r = run_cli(d.home, "rag", "index", vid)
         assert r.returncode == 0, r.stderr
         lines = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]

@@ -6,22 +6,31 @@ in threads never returned on this machine kind, and a cheap 1-lane KDF never sho
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 from .conftest import Daemon, DaemonError, short_tmpdir
 
 PW = "correct horse"
 
 
-def _daemon_with(vault_cfg: str) -> tuple[Daemon, Path]:
+@contextlib.contextmanager
+def _daemon_with(vault_cfg: str) -> Iterator[Daemon]:
+    """A daemon on a fresh home whose config.toml is exactly ``vault_cfg`` (no cheap KDF: the
+    production defaults unless given); stopped and removed after."""
     root = short_tmpdir("ug")
     home = root / "h"
     home.mkdir(mode=0o700)
-    (home / "config.toml").write_text(vault_cfg)  # no cheap KDF: the production defaults unless given
-    return Daemon(home).start(), root
+    (home / "config.toml").write_text(vault_cfg)
+    d = Daemon(home).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _code(d: Daemon, method: str, params: dict[str, object]) -> str | None:
@@ -33,8 +42,7 @@ def _code(d: Daemon, method: str, params: dict[str, object]) -> str | None:
 
 
 def test_parallel_unlocks_with_the_default_kdf_all_return() -> None:
-    d, root = _daemon_with("")
-    try:
+    with _daemon_with("") as d:
         ids = [d.call("vault.create", {"name": f"v{i}", "passphrase": PW})["vault_id"] for i in range(2)]
         d.call("vault.lock", {"all": True})
         results: list[str | None] = []
@@ -54,27 +62,19 @@ def test_parallel_unlocks_with_the_default_kdf_all_return() -> None:
         d.call("vault.lock", {"all": True})
         d.call("vault.unlock", {"vault": ids[0], "passphrase": PW})
         assert d.stop() == 0
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_wrong_passphrase_is_refused_even_when_the_vault_is_unlocked() -> None:
-    d, root = _daemon_with("[vault]\nkdf_memory_kib = 64\nkdf_iterations = 1\nkdf_lanes = 1\n")
-    try:
+    with _daemon_with("[vault]\nkdf_memory_kib = 64\nkdf_iterations = 1\nkdf_lanes = 1\n") as d:
         vid = d.call("vault.create", {"name": "open", "passphrase": PW})["vault_id"]
         assert _code(d, "vault.unlock", {"vault": vid, "passphrase": "wrong"}) == "bad_passphrase"
         assert d.call("vault.unlock", {"vault": vid, "passphrase": PW})["locked"] is False
         assert d.call("vault.status", {"vault": vid})["locked"] is False  # still unlocked
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_parallel_wrong_guesses_wait_one_after_another_and_the_count_survives_a_restart() -> None:
     cfg = "[vault]\nkdf_memory_kib = 64\nkdf_iterations = 1\nkdf_lanes = 1\nunlock_delay_step_ms = 300\nunlock_delay_max_ms = 5000\n"
-    d, root = _daemon_with(cfg)
-    try:
+    with _daemon_with(cfg) as d:
         vid = d.call("vault.create", {"name": "g", "passphrase": PW})["vault_id"]
         d.call("vault.lock", {"all": True})
         codes: list[str | None] = []
@@ -89,7 +89,7 @@ def test_parallel_wrong_guesses_wait_one_after_another_and_the_count_survives_a_
         # Serialised: the delays add up (0 + 300 + 600 + 900 ms), they do not overlap.
         assert elapsed >= 1.7, elapsed
         d.stop()
-        d = Daemon(d.home).start()
+        d.start()  # the same home: the failure count was kept on disk
         # After a restart the fifth attempt still waits 4 x 300 ms, even with the right passphrase.
         t0 = time.monotonic()
         d.call("vault.unlock", {"vault": vid, "passphrase": PW})
@@ -99,15 +99,11 @@ def test_parallel_wrong_guesses_wait_one_after_another_and_the_count_survives_a_
         t0 = time.monotonic()
         d.call("vault.unlock", {"vault": vid, "passphrase": PW})
         assert time.monotonic() - t0 < 1.0
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_passwd_with_a_wrong_old_passphrase_counts_as_a_failed_attempt() -> None:
     cfg = "[vault]\nkdf_memory_kib = 64\nkdf_iterations = 1\nkdf_lanes = 1\nunlock_delay_step_ms = 400\n"
-    d, root = _daemon_with(cfg)
-    try:
+    with _daemon_with(cfg) as d:
         vid = d.call("vault.create", {"name": "p", "passphrase": PW})["vault_id"]
         assert _code(d, "vault.passwd", {"vault": vid, "old": "wrong", "new": "x"}) == "bad_passphrase"
         t0 = time.monotonic()
@@ -116,6 +112,3 @@ def test_passwd_with_a_wrong_old_passphrase_counts_as_a_failed_attempt() -> None
         d.call("vault.passwd", {"vault": vid, "old": PW, "new": "new phrase"})
         d.call("vault.lock", {"all": True})
         d.call("vault.unlock", {"vault": vid, "passphrase": "new phrase"})
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)

@@ -230,8 +230,8 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
         raise MemoriesError(f"background indexing stopped: {job.error}", code="index_stalled")
     if job.state == "paused":
         raise VaultLocked(f"vault {store.name} was locked: the indexing resumes after `memories vault unlock {store.name}`")
-    space = engine.peek_index(store)
-    model = space.vectors.identity if space is not None and space.vectors is not None else ""
+    idx = engine.peek_index(store)
+    model = idx.vectors.identity if idx is not None and idx.vectors is not None else ""
     return {
         "embedded": max(0, job.embedded - before),
         "remaining": job.remaining,
