@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from memoriesd.rag.fusion import Candidate, fuse, light_rerank, order_by_scores, rrf, rrf_ranks, term_coverage
+from memoriesd.rag.fusion import (
+    Candidate,
+    convex_ranks,
+    fuse,
+    light_rerank,
+    order_by_scores,
+    rrf,
+    rrf_ranks,
+    term_coverage,
+)
 
 
 def test_rrf_scores_match_hand_computed_ranks() -> None:
@@ -187,3 +196,52 @@ def test_rag_search_takes_a_vector_weight_and_refuses_one_out_of_range(tmp_path:
         assert out["mode"] == "hybrid" and out["results"]
         bad = run_cli(d.home, "rag", "search", vid, "coffee", "--mode", "hybrid", "--vector-weight", "0")
         assert bad.returncode == 2 and "--vector-weight" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ---------------------------------------------------------------------------
+# Convex fusion (the default)
+# ---------------------------------------------------------------------------
+
+
+def test_convex_normalises_each_list_and_weights_the_vector_side() -> None:
+    bm25 = [(1, 12.0), (2, 6.0), (3, 2.0)]
+    vector = [(2, 0.9), (4, 0.7), (1, 0.5)]
+    got = {f.frag_id: f for f in convex_ranks(bm25, vector, weight=3.0)}
+    # bm25_n: 1 -> 1, 2 -> 0.4, 3 -> 0; cos_n: 2 -> 1, 4 -> 0.5, 1 -> 0; absent counts 0.
+    assert got[1].score == pytest.approx((1.0 + 3 * 0.0) / 4)
+    assert got[2].score == pytest.approx((0.4 + 3 * 1.0) / 4)
+    assert got[3].score == pytest.approx(0.0)
+    assert got[4].score == pytest.approx(3 * 0.5 / 4)
+    assert got[2].ranks == (2, 1) and got[4].ranks == (None, 2)
+    assert [f.frag_id for f in convex_ranks(bm25, vector, weight=3.0)][0] == 2
+    assert all(0.0 <= f.score <= 1.0 for f in got.values())
+
+
+def test_convex_with_weight_zero_keeps_the_bm25_order_and_one_list_alone_is_its_own_order() -> None:
+    bm25 = [(5, 3.0), (6, 2.0), (7, 1.0)]
+    assert [f.frag_id for f in convex_ranks(bm25, [(7, 0.99)], weight=0.0)][:3] == [5, 6, 7]
+    assert [f.frag_id for f in convex_ranks([], [(1, 0.8), (2, 0.3)], weight=1.0)] == [1, 2]
+    single = convex_ranks([(9, 4.2)], [], weight=1.0)
+    assert single[0].score == pytest.approx(0.5)  # a one-item list normalises to 1, weighted by 1 / (1 + w)
+
+
+def test_convex_order_does_not_depend_on_input_order_and_ties_break_by_best_rank() -> None:
+    bm25 = [(1, 2.0), (2, 1.0)]
+    vector = [(2, 0.8), (1, 0.2)]
+    a = convex_ranks(bm25, vector, weight=1.0)
+    assert a[0].score == pytest.approx(a[1].score)
+    assert [f.frag_id for f in a] == [1, 2]  # equal scores: best single rank, then id
+    assert a == convex_ranks(list(bm25), list(vector), weight=1.0)
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf")])
+def test_convex_refuses_a_bad_weight(weight: float) -> None:
+    with pytest.raises(ValueError):
+        convex_ranks([(1, 1.0)], [(1, 0.5)], weight=weight)
+
+
+def test_fuse_refuses_an_unknown_fusion_and_convex_uses_the_scores_it_is_given() -> None:
+    with pytest.raises(ValueError, match="unknown fusion"):
+        fuse([1], [2], method="borda")
+    out = fuse([1, 2], [2, 1], method="convex", bm25_scores={1: 10.0, 2: 9.0}, cosines={2: 0.9, 1: 0.1}, vector_weight=2.0)
+    assert [c.frag_id for c in out] == [2, 1] and out[0].bm25_rank == 2 and out[0].cosine == 0.9

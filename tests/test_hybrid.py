@@ -45,6 +45,13 @@ def test_hybrid_finds_what_bm25_and_vector_each_miss() -> None:
         res = d.call("rag.search", {"vault": vid, "query": q, "mode": "hybrid", "limit": 2, "no_rerank": True})["results"]
         form = next(r for r in res if r["record_id"] == ids["form"])
         assert form["bm25_rank"] == 1 and form["vector_rank"] is not None
+        # Default fusion (convex, MiniLM's weight 1): BM25's only hit scores 1 on its side, the vector side is the
+        # cosine min-max normalised over the vector candidates (every fragment here).
+        cos = [r["cosine"] for r in d.call("rag.search", {"vault": vid, "query": q, "mode": "vector", "limit": 100})["results"]]
+        expect = (1.0 + (form["cosine"] - min(cos)) / (max(cos) - min(cos))) / 2
+        assert form["fused_score"] == pytest.approx(expect, abs=1e-5)
+        rrf = d.call("rag.search", {"vault": vid, "query": q, "mode": "hybrid", "limit": 2, "no_rerank": True, "fusion": "rrf"})["results"]
+        form = next(r for r in rrf if r["record_id"] == ids["form"])
         assert form["fused_score"] == pytest.approx(1 / 61 + 1 / (60 + form["vector_rank"]), rel=1e-4)
         # Paraphrase ranks above unrelated text with the real model.
         vec = d.call("rag.search", {"vault": vid, "query": "vet visit for my dog", "mode": "vector", "limit": 5})["results"]

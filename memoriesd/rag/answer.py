@@ -60,10 +60,9 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
         )
     engine.check_remote_policy(store, gen_cfg.url, "generation")
     req.query = question
-    if req.min_score is None and engine.config.rag.ask_min_cosine > -1:
-        # Vector search always has nearest neighbours; below the floor they are not evidence, so a
-        # question nothing in the vault speaks to is never sent to the generation service.
-        req.min_score = engine.config.rag.ask_min_cosine
+    # Vector search always has nearest neighbours; below the model's evidence floor they are not
+    # evidence, so a question nothing in the vault speaks to is never sent to the generation service.
+    req.evidence_floor = True
     outcome = run_search(engine, store, req, ctx)
     if not outcome.hits:
         return _insufficient(outcome.mode, outcome.notices)
