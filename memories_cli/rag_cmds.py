@@ -16,9 +16,9 @@ import typer
 from memoriesd.errors import MemoriesError, UsageError
 from memoriesd.text.humanize import duration
 
-from .state import STATE, call, echo, emit_json, notice, report, safe_text, table
+from .state import STATE, call, echo, emit_json, fmt_time, notice, report, safe_text, table
 
-rag_app = typer.Typer(help="Ingest documents, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
+rag_app = typer.Typer(help="Ingest documents, keep folders in sync, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
 
 Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is usable for this vault, else bm25).")]
 MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all (every term), or phrase.")]
@@ -92,7 +92,7 @@ def ingest(
     private: Annotated[bool, typer.Option("--private", help="Keep the cards private: never indexed, searched or sent.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="With a directory: remove cards whose source file under it no longer exists.")] = False,
 ) -> None:
-    """Ingest documents as encrypted knowledge cards (unchanged files are skipped; changed ones get a new revision)."""
+    """Ingest documents as encrypted knowledge cards (unchanged files are skipped; changed ones get a new revision; moved or renamed ones keep their card)."""
     params: dict[str, Any] = {"vault": vault, "tags": tag or [], "recursive": recursive, "private": private, "prune": prune}
     if title is not None:
         params["title"] = title
@@ -117,7 +117,8 @@ def ingest(
         out = call("rag.ingest", params, progress=on_progress)
     for r in out["refused"]:
         sys.stderr.write(safe_text(f"refused: {r['path']}: {r['message']}") + "\n")
-    report(out, f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
+    moved = f", moved {out['moved']}" if out.get("moved") else ""
+    report(out, f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}{moved}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
 
@@ -164,7 +165,8 @@ def search(
     no_rerank: NoRerank = False,
     min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine-similarity floor for vector candidates (say 'nothing relevant' when none pass).")] = None,
     rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
-    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector ranking's weight in weighted RRF, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
+    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
+    fusion: Annotated[str | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
 ) -> None:
     """Search fragments, best first, each with a citation label [S1], [S2]..."""
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
@@ -176,6 +178,8 @@ def search(
         params["rrf_k"] = rrf_k
     if vector_weight is not None:
         params["vector_weight"] = vector_weight
+    if fusion is not None:
+        params["fusion"] = fusion
     out = call("rag.search", params)
     if STATE.json:
         emit_json({"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]})
@@ -185,7 +189,7 @@ def search(
 
 @rag_app.command("status")
 def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Documents, fragments, bytes, index state and cache use against the caps."""
+    """Documents, fragments, bytes, index state, cache use against the caps, and watched folders."""
     out = call("rag.status", {"vault": vault})
     if STATE.json:
         emit_json(out)
@@ -223,7 +227,86 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
     else:
         rows.append(["model", "none: " + emb.get("hint", "")])
+    for w in out.get("watch", []):
+        rows.append(["watch", _watch_line(w)])
     table(["", ""], rows)
+
+
+def _watch_line(w: dict[str, Any]) -> str:
+    """One watched folder for `rag status`: state, last sync, pending changes, counts, error."""
+    line = f"{w['path']}: {w['state']}"
+    if w.get("last_sync"):
+        line += f", last sync {fmt_time(float(w['last_sync']))}"
+    if w.get("pending"):
+        line += f", {w['pending']} pending"
+    if "ingested" in w:
+        line += f", {w['ingested']} ingested, {w['moved']} moved, {w['removed']} removed"
+    if w.get("refused"):
+        line += f", {w['refused']} refused in the last sync"
+    if w.get("error"):
+        line += f": {w['error']}"
+    elif w.get("notice"):
+        line += f"; {w['notice']}"
+    return line
+
+
+@rag_app.command("watch")
+def watch(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    path: Annotated[str, typer.Argument(help="The folder to keep in sync.")],
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Also the folders under it (hidden ones skipped; symlinked folders not followed).")] = False,
+    include: Annotated[list[str] | None, typer.Option("--include", help="File glob to take (repeatable; default *.md, *.markdown, *.txt). A glob with / matches the path under the folder, else the file name.")] = None,
+    prune: Annotated[bool, typer.Option("--prune", help="Remove the card of a file deleted from the folder (never while the folder itself is missing).")] = False,
+) -> None:
+    """Keep a folder in sync with the vault while it is unlocked: new and changed files are ingested by
+    the daemon, moved files keep their cards, and changes made while the vault was locked are caught up
+    at unlock. Writes a [[rag.watch]] table to config.toml (comments kept) and applies it at once.
+    Running it again for the same folder changes its options."""
+    from .watch_config import WatchEntry, set_watch
+
+    folder = os.path.normpath(_ingest_path(path))
+    if not Path(folder).is_dir():
+        raise UsageError(f"{folder} is not a folder: name the folder to keep in sync")
+    info = call("vault.status", {"vault": vault})
+    entry = WatchEntry(str(info["vault_id"]), str(info["name"]), folder, recursive, [g for g in include or [] if g.strip()], prune)
+    home = STATE.home
+    change = set_watch(home.config_path, home.run / "config-edit.lock", entry)
+    row = _reloaded(entry)
+    result = {"change": change, "config": str(home.config_path), "watch": row}
+    if row is None:
+        when = "the daemon did not list it: see `memories rag status`"
+    elif row["state"] == "locked":
+        when = f"it starts when vault {entry.vault_name} is unlocked"
+    elif row["state"] == "error":
+        when = f"it cannot be watched now: {row['error']}"
+    else:
+        when = "it is caught up now and synced after every change"
+    report(result, f"{change} the watch of {folder} for vault {entry.vault_name} in {home.config_path}; {when}")
+
+
+@rag_app.command("unwatch")
+def unwatch(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    path: Annotated[str, typer.Argument(help="The watched folder.")],
+) -> None:
+    """Stop keeping a folder in sync: removes its [[rag.watch]] table from config.toml (comments kept)
+    and applies it at once. Cards already made from the folder stay in the vault."""
+    from .watch_config import WatchEntry, remove_watch
+
+    folder = os.path.normpath(_ingest_path(path))
+    info = call("vault.status", {"vault": vault})
+    entry = WatchEntry(str(info["vault_id"]), str(info["name"]), folder)
+    home = STATE.home
+    removed = remove_watch(home.config_path, home.run / "config-edit.lock", entry)
+    _reloaded(entry)
+    report({"removed": removed, "config": str(home.config_path), "path": folder}, f"stopped watching {folder} for vault {entry.vault_name}; its cards stay in the vault")
+
+
+def _reloaded(entry: Any) -> dict[str, Any] | None:
+    """Ask the daemon to apply config.toml's watch list now; the row of this folder, if listed."""
+    out = call("rag.watch_reload", {})
+    rows = [w for w in out["watches"] if w.get("vault_id") == entry.vault_id and w["path"] == entry.path]
+    return rows[0] if rows else None
 
 
 #: Passes in a row that a vault change ended before one batch was kept, before `rag index` gives up.
@@ -274,7 +357,7 @@ def ask(
     limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
     match_mode: MatchMode = "any",
     no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine = 0.25).")] = None,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine, else the model's calibrated floor).")] = None,
 ) -> None:
     """Answer from the vault with the configured [rag.generation] service, citing [S1]-style sources."""
     params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
@@ -296,6 +379,33 @@ def ask(
         ["", "TITLE", "RECORD@REV", "BYTES", "SOURCE"],
         [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", c.get("source") or ""] for c in out["citations"]],
     )
+
+
+@rag_app.command("context")
+def context(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What the assistant is about to work on.")],
+    budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [rag] context_budget = 1000).")] = None,
+) -> None:
+    """A context pack for an assistant, within a token budget: the profile and preference facts first, then
+    the memories most relevant to the query (hybrid search), each labelled [S1], [S2]... and always whole.
+    Prints plain text ready to paste into a prompt; --json gives the items with their token counts."""
+    params: dict[str, Any] = {"vault": vault, "query": query}
+    if budget is not None:
+        params["budget"] = budget
+    out = call("rag.context", params)
+    if STATE.json:
+        emit_json({k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "items", "left_out", "text", "notices") if k in out})
+        return
+    for n in out.get("notices", []):
+        notice(n)
+    if not out["items"]:
+        notice("nothing to put in the pack: no profile facts, and nothing relevant found")
+        return
+    sys.stdout.write(safe_text(out["text"], multiline=True))
+    counted = "tokens" if out.get("tokenizer") == "model" else "tokens (estimated)"
+    left = f"; {out['left_out']} more left out" if out.get("left_out") else ""
+    notice(f"{len(out['items'])} items, {out['used_tokens']:,} of {out['budget']:,} {counted}{left}")
 
 
 @rag_app.command("model-install")

@@ -9,6 +9,7 @@ and what is allowed. Relative paths resolve next to the config file.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -62,10 +63,14 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    max_fragments: int = 10000
-    max_source_mib: float = 16.0
-    max_vector_mib: float = 32.0
+    # Sized from measured memory (README "Memory and the cache caps"): a vault of 150,000 fragments
+    # (192 MiB of text fits CJK notes; 768-dim int8 vectors take 110 MiB).
+    max_fragments: int = 150000
+    max_source_mib: float = 192.0
+    max_vector_mib: float = 128.0
     max_vaults: int = 2
+    # How vectors are held in memory (sealed vectors on disk stay float32): float32, float16, int8.
+    vector_precision: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,22 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    """One ``[[rag.watch]]`` table: a folder kept in sync with a vault while the vault is unlocked."""
+
+    vault: str = ""  # vault id or name
+    path: str = ""  # absolute after loading (~ expanded, relative = next to config.toml)
+    recursive: bool = False
+    include: tuple[str, ...] = ()  # file globs; () = *.md, *.markdown, *.txt
+    prune: bool = False  # remove the card of a file deleted from the folder
+
+
+@dataclass(frozen=True)
 class RagConfig:
     local_model_dir: str = ""  # "" = HOME/models/embeddinggemma
+    # Which embedder serves searches: "local", "remote" ([rag.embedding]) or "auto" (the local model
+    # when installed, else the service); "" (not set) = the service when configured, else local.
+    embedding_source: str = ""
     local_threads: int = 4
     max_tokens: int = 0  # 0 = the model's maximum
     model_download_base_url: str = ""
@@ -104,11 +123,19 @@ class RagConfig:
     rrf_k: int = 60
     candidates: int = 100
     max_document_mib: float = 4.0
-    ask_min_cosine: float = 0.25  # vector evidence floor for `ask`; -1 = every nearest neighbour counts
+    ask_min_cosine: float = 0.0  # vector evidence floor for `ask`; 0 = the model's calibrated one, -1 = none
     rerank_default: bool = True
-    vector_weight: float = 0.0  # hybrid: the vector ranking's weight in weighted RRF (BM25 = 1); 0 = the model's measured default
+    fusion: str = "convex"  # hybrid: "convex" (min-max normalised scores) or "rrf" (reciprocal ranks)
+    vector_weight: float = 0.0  # hybrid: the vector side's weight, BM25's being 1; 0 = the model's measured default
     background_index: bool = True  # embed missing fragments in the background (local model only)
     model_idle_minutes: float = 10.0  # release the local model after this long unused; 0 = keep it
+    query_cache_items: int = 1000  # query vectors kept in daemon memory (LRU); 0 = no cache
+    query_cache_seconds: float = 300.0  # a cached query vector is used for this long
+    context_budget: int = 1000  # `rag context`: default token budget of a pack
+    context_profile_share: float = 0.3  # `rag context`: share of the budget the profile block keeps while memories wait
+    context_items: int = 20  # `rag context`: search results considered for the relevant block
+    watch_debounce_seconds: float = 1.0  # a watched folder syncs once no change came for this long
+    watch: tuple[WatchConfig, ...] = ()  # [[rag.watch]] tables
     http: HttpConfig = field(default_factory=HttpConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     local_model: LocalModelConfig = field(default_factory=LocalModelConfig)
@@ -154,7 +181,13 @@ _RANGES: dict[str, tuple[float, float]] = {
     "rag.max_document_mib": (0.001, 64),
     "rag.ask_min_cosine": (-1, 1),
     "rag.model_idle_minutes": (0, 60 * 24 * 365),
+    "rag.query_cache_items": (0, 1_000_000),
+    "rag.query_cache_seconds": (0, 86400),
+    "rag.context_budget": (32, 1_000_000),
+    "rag.context_profile_share": (0, 1),
+    "rag.context_items": (1, 100),
     "rag.vector_weight": (0, 100),
+    "rag.watch_debounce_seconds": (0.05, 60),
     "rag.http.retries": (0, 5),
     "rag.http.backoff_ms": (0, 60000),
     "rag.http.connect_timeout_seconds": (0.05, 600),
@@ -174,6 +207,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "rag.embedding.protocol": ("", "gemini", "compatible"),
     "rag.generation.protocol": ("", "gemini", "compatible"),
     "rag.rerank.protocol": ("", "compatible"),
+    "rag.fusion": ("convex", "rrf"),
+    "rag.embedding_source": ("", "local", "remote", "auto"),
+    "rag.cache.vector_precision": ("float32", "float16", "int8"),
 }
 
 _PATH_KEYS = {"rag.local_model_dir", "rag.http.ca_bundle"}
@@ -221,7 +257,7 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
 def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"config key {prefix} must be a table ([{prefix}])")
-    known = {f.name: f for f in fields(cls) if f.name != "path"}
+    known = {f.name: f for f in fields(cls) if f.name != "path" or cls is not Config}
     kwargs: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -231,6 +267,9 @@ def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
             allowed = ", ".join(sorted(known))
             raise ConfigError(f"unknown config key {key}: allowed keys here are {allowed}")
         f = known[name]
+        if key == "rag.watch":
+            kwargs[name] = _build_watches(value, base_dir)
+            continue
         default = getattr(cls(), name)
         if hasattr(default, "__dataclass_fields__"):
             kwargs[name] = _build(type(default), value, key, base_dir)
@@ -240,6 +279,34 @@ def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
             conv = str((base_dir / Path(conv).expanduser()).resolve())
         kwargs[f.name] = conv
     return cls(**kwargs)
+
+
+def _build_watches(value: Any, base_dir: Path) -> tuple[WatchConfig, ...]:
+    """``[[rag.watch]]`` tables; a key error names the table by its position (``rag.watch[2].prune``)."""
+    if not isinstance(value, list):
+        raise ConfigError("config key rag.watch must be an array of tables: write one [[rag.watch]] table per folder")
+    out: list[WatchConfig] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, table in enumerate(value, 1):
+        prefix = f"rag.watch[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"config key {prefix} must be a table: write it as a [[rag.watch]] table")
+        include = table.get("include", [])
+        if not isinstance(include, list) or not all(isinstance(g, str) and g.strip() for g in include):
+            raise ConfigError(f'config key {prefix}.include = {include!r} is invalid: allowed is a list of file globs such as ["*.md"]')
+        w = _build(WatchConfig, {k: v for k, v in table.items() if k != "include"}, prefix, base_dir)
+        if not w.vault.strip():
+            raise ConfigError(f"config table [[rag.watch]] number {i} needs vault: the id or name of a vault")
+        if not w.path.strip() or "\x00" in w.path:
+            raise ConfigError(f"config table [[rag.watch]] number {i} needs path: the folder to keep in sync")
+        vault, path = w.vault.strip(), os.path.normpath(base_dir / Path(w.path).expanduser())
+        if (vault, path) in seen:
+            raise ConfigError(
+                f"config tables [[rag.watch]] number {seen[(vault, path)]} and {i} both watch {path} for vault {vault}: remove one"
+            )
+        seen[(vault, path)] = i
+        out.append(WatchConfig(vault, path, w.recursive, tuple(g.strip() for g in include), w.prune))
+    return tuple(out)
 
 
 def _check_services(cfg: Config) -> None:
@@ -277,6 +344,11 @@ def parse_config(data: dict[str, Any], base_dir: Path, path: str = "") -> Config
     built = _build(Config, data, "", base_dir)
     cfg = Config(daemon=built.daemon, vault=built.vault, rag=built.rag, path=path)
     _check_services(cfg)
+    if cfg.rag.embedding_source == "remote" and not cfg.rag.embedding.configured:
+        raise ConfigError(
+            'config key rag.embedding_source = "remote" needs an embedding service: add a [rag.embedding] table '
+            '(protocol, url, model), or set embedding_source to "local" or "auto"'
+        )
     if cfg.rag.http.proxy_url:
         # Credentials are refused in TOML (they belong in the environment's proxy variables).
         from urllib.parse import urlsplit

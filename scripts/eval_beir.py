@@ -12,7 +12,12 @@ prints one JSON object per run: ndcg@10, recall@100, p50_ms, p95_ms, queries, do
     scripts/eval_beir.py ../shared/eval/scifact --mode hybrid --rrf-k 10 --rrf-k 20 --rrf-k 60 --rrf-k 100 --rerank both
 
 Several --mode / --rrf-k / --rerank values share one ingest and one embedding pass. With
---home DIR the vault (and its sealed vectors) is kept and reused by the next run.
+--home DIR the vault (and its sealed vectors) is kept and reused by the next run. Each
+--vector-precision (float32, float16, int8: ``[rag.cache] vector_precision``) restarts the daemon on
+the same sealed vectors, so the precisions are compared on identical embeddings in one run:
+
+    scripts/eval_beir.py ../shared/eval/scifact --mode vector --mode hybrid --model-dir M --home DIR \
+        --vector-precision float32 --vector-precision float16 --vector-precision int8
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ def recall_at(ranked: list[str], rel: dict[str, int], k: int = 100) -> float:
     return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
 
 
-def start_daemon(home: Path, model_dir: str | None, n_docs: int) -> subprocess.Popen[bytes]:
+def start_daemon(home: Path, model_dir: str | None, n_docs: int, precision: str | None = None) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = [
         "[vault]\nkdf_memory_kib = 65536\nkdf_iterations = 3\nkdf_lanes = 4\n",
@@ -96,6 +101,8 @@ def start_daemon(home: Path, model_dir: str | None, n_docs: int) -> subprocess.P
         cfg.append(f'local_model_dir = "{Path(model_dir).resolve()}"\nlocal_threads = {os.cpu_count() or 2}\n')
     big = max(100_000, n_docs * 20)
     cfg.append(f"[rag.cache]\nmax_fragments = {big}\nmax_source_mib = 2048\nmax_vector_mib = 4096\n")
+    if precision:
+        cfg.append(f'vector_precision = "{precision}"\n')
     (home / "config.toml").write_text("".join(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
@@ -150,6 +157,9 @@ def main() -> None:
     ap.add_argument("--split", default="test")
     ap.add_argument("--max-queries", type=int, default=None)
     ap.add_argument("--limit", type=int, default=100, help="fragments retrieved per query (1-100)")
+    ap.add_argument("--vector-precision", action="append", choices=["float32", "float16", "int8"],
+                    help="[rag.cache] vector_precision (repeatable: the daemon restarts on the same sealed vectors "
+                    "for each; default: the config default)")
     ap.add_argument("--home", type=Path, default=None, help="keep the vault here and reuse it next time")
     ap.add_argument("--ingest", choices=["files", "records"], default="files",
                     help="files: `# Title` Markdown files through rag ingest (the default, as people add notes); "
@@ -170,7 +180,19 @@ def main() -> None:
     keep = args.home is not None
     tmp_root = Path(tempfile.mkdtemp(prefix="mev", dir="/tmp")) if not keep else None
     home = args.home.resolve() if keep else tmp_root / "h"  # type: ignore[operator]
-    proc = start_daemon(home, args.model_dir, len(corpus))
+    try:
+        for precision in args.vector_precision or [None]:
+            run_precision(args, home, precision, corpus, queries, qrels, qids, modes, rerank_opts, ks, weights)
+    finally:
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def run_precision(args: Any, home: Path, precision: str | None, corpus: list[dict[str, Any]], queries: dict[str, str],
+                  qrels: dict[str, dict[str, int]], qids: list[str], modes: list[str], rerank_opts: list[bool],
+                  ks: list[int], weights: list[float | None]) -> None:
+    """One daemon on ``home`` with ``[rag.cache] vector_precision = precision``: every run, one JSON line each."""
+    proc = start_daemon(home, args.model_dir, len(corpus), precision)
     try:
         conn = Conn(home / "run" / "memoriesd.sock")
         vaults = conn.call("vault.list", {})["vaults"]
@@ -256,13 +278,12 @@ def main() -> None:
                 "index_build_seconds": round(build_s, 2),
                 "embed_seconds": None if embed_s is None else round(embed_s, 2),
                 "model_dir": args.model_dir,
+                "vector_precision": precision,
             }
             print(json.dumps(result), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-        if tmp_root is not None:
-            shutil.rmtree(tmp_root, ignore_errors=True)
 
 
 if __name__ == "__main__":

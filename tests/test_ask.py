@@ -341,7 +341,7 @@ def test_remote_embeddings_are_checked_and_sealed(server: Mirror) -> None:
         assert d.call("rag.index", {"vault": vid})["embedded"] == 1
         server.add(EMBED, Scripted.json(200, {"data": [{"index": 0, "embedding": [3.0, 4.0, 0.0]}]}))
         res = d.call("rag.search", {"vault": vid, "query": "alpha", "mode": "vector"})
-        assert res["results"][0]["cosine"] == pytest.approx(1.0)
+        assert res["results"][0]["cosine"] == pytest.approx(1.0, abs=2e-3)  # int8 rows in memory: within 1.6e-3
         sent = b"".join(s.body for s in server.seen(EMBED))
         assert b"PRIVATECANARY" not in sent
         st = d.call("rag.status", {"vault": vid})["embedding"]

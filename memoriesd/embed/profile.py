@@ -42,9 +42,20 @@ class ModelProfile:
     max_tokens: int
     query_prompt: str
     document_prompt: str | None
-    # Hybrid search defaults measured for this model (see README, "Quality and speed"):
-    # the vector ranking's weight in weighted RRF (BM25's is 1).
+    # Hybrid search default measured for this model (see README, "Quality and speed"): the vector
+    # side's weight in the fusion, BM25's being 1 (convex: alpha = w / (1 + w)).
     vector_weight: float = 1.0
+    # `rag ask`'s evidence floor: vector neighbours under this cosine are not evidence (calibrated: README).
+    ask_min_cosine: float = 0.25
+    # Whether the light reranker (term coverage and phrases over the fused candidates) helps this model.
+    light_rerank: bool = True
+    # Facts (README, "Facts"; scripts/calibrate_facts.py, defaults measured on all-MiniLM-L6-v2): two facts of
+    # one category are one fact at this cosine, or at fact_revise_cosine when the new one says it replaces
+    # the old ("actually", "now", "switched"...); `memory forget --scope topic` takes vector matches from
+    # forget_min_cosine (query to fragment).
+    fact_same_cosine: float = 0.70
+    fact_revise_cosine: float = 0.66
+    forget_min_cosine: float = 0.35
 
 
 GEMMA_PROFILE = ModelProfile(
@@ -53,6 +64,15 @@ GEMMA_PROFILE = ModelProfile(
     max_tokens=2048,
     query_prompt="task: search result | query: ",
     document_prompt="title: {title} | text: {text}",
+    # Convex fusion, measured through `rag ingest` (README): SciFact and XQuAD-zh are best near
+    # alpha = 0.7, where BM25 adds what the much stronger vector side misses.
+    vector_weight=2.5,
+    # scripts/calibrate_floor.py, SciFact and XQuAD-zh questions (off-topic: the other set's): 0.30 keeps
+    # evidence for 99.2% of on-topic questions and sends 3.8% of off-topic ones on (0.25: 100% / 14.8%).
+    ask_min_cosine=0.30,
+    fact_same_cosine=0.80,
+    fact_revise_cosine=0.65,
+    forget_min_cosine=0.38,
 )
 # EmbeddingGemma's special tokens (Gemma 3 vocabulary): every sequence is BOS ... EOS.
 GEMMA_BOS_ID = 2

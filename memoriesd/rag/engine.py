@@ -28,6 +28,8 @@ INSTALL_HINT = (
     "run `memories rag model-install` to download EmbeddingGemma (about 209 MiB), or set [rag] local_model_dir "
     "to a model directory in config.toml"
 )
+#: `ask`'s evidence floor for a model whose profile names none (remote embedding services).
+DEFAULT_EVIDENCE_FLOOR = 0.25
 
 
 def _return_memory() -> None:
@@ -66,6 +68,11 @@ class RagEngine:
         from ..indexing import BackgroundIndexer
 
         self.background = BackgroundIndexer(app, self)
+        from .query_cache import QueryCache
+
+        # Query vectors in memory only; a vault's entries go when it locks.
+        self.query_cache = QueryCache(self.config.rag.query_cache_items, self.config.rag.query_cache_seconds)
+        app.vaults.on_lock(self.query_cache.forget_vault)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -96,11 +103,66 @@ class RagEngine:
         return d.is_dir() and find_graph(d) is not None and (d / "tokenizer.json").is_file()
 
     def embedding_available(self) -> bool:
-        return self.config.rag.embedding.configured or self.local_model_present()
+        return self.embedding_source()[0] != "none"
+
+    def embedding_source(self) -> tuple[str, str]:
+        """Which embedder serves searches, and why: ``("local" | "remote" | "none", reason)``.
+
+        ``[rag] embedding_source``: ``local``, only the local model; ``remote``, only the
+        [rag.embedding] service; ``auto``, the local model when one is installed, else the service.
+        Not set (the default): the service when [rag.embedding] is configured, else the local model,
+        which is what a config written before the key existed did. A device-only vault never sends
+        text to a service off this device whatever the source (see :meth:`vault_embedding_source`).
+        """
+        setting = self.config.rag.embedding_source
+        remote = self.config.rag.embedding.configured
+        if setting == "remote" or (setting == "" and remote):
+            why = 'embedding_source = "remote"' if setting else "[rag.embedding] is configured and [rag] embedding_source is not set"
+            return "remote", why
+        if self.local_model_present():
+            why = {
+                "local": 'embedding_source = "local"',
+                "auto": 'embedding_source = "auto" and a local model is installed',
+            }.get(setting, "no [rag.embedding] service is configured")
+            return "local", f"{why} ({self.model_dir()})"
+        if setting == "auto" and remote:
+            return "remote", f'embedding_source = "auto" and no local model is installed in {self.model_dir()}'
+        why = f"no local model is installed in {self.model_dir()}"
+        if remote:  # setting == "local"
+            why += ' and embedding_source = "local" leaves the [rag.embedding] service out'
+        elif setting != "local":
+            why += " and no [rag.embedding] service is configured"
+        return "none", why
+
+    def remote_embedding(self) -> bool:
+        """Whether the [rag.embedding] service is the active embedder (see :meth:`embedding_source`)."""
+        return self.embedding_source()[0] == "remote"
+
+    def vault_embedding_source(self, store: VaultStore) -> tuple[str, str]:
+        """:meth:`embedding_source` for one vault: a device-only vault never uses a service off this device."""
+        source, why = self.embedding_source()
+        if source == "remote":
+            from ..errors import DeviceOnly
+            from ..net.urls import host_of
+
+            try:
+                self.check_remote_policy(store, self.config.rag.embedding.url, "embedding")
+            except DeviceOnly:
+                host = host_of(self.config.rag.embedding.url) or "?"
+                hint = (
+                    'set [rag] embedding_source = "auto" to use the local model for it'
+                    if self.local_model_present()
+                    else 'install a local model (`memories rag model-install`) and set [rag] embedding_source = "auto"'
+                )
+                return "none", (
+                    f"this vault is device-only and the [rag.embedding] service at {host} is off this device "
+                    f"({why}): its searches are lexical (bm25) only; {hint}"
+                )
+        return source, why
 
     def embedder(self) -> Any:
-        """The active embedder (remote when [rag.embedding] is configured, else local), loaded lazily."""
-        if self.config.rag.embedding.configured:
+        """The active embedder (see :meth:`embedding_source`), loaded lazily."""
+        if self.remote_embedding():
             with self._state_lock:
                 if self._remote is None:
                     from .providers import RemoteEmbedder
@@ -295,13 +357,30 @@ class RagEngine:
         return check
 
     def embed_query(self, embedder: Any, store: VaultStore, query: str, ctx: Any) -> np.ndarray:
+        from .query_cache import cache_key
+
+        key = cache_key(store.vault_id, embedder, query)
+        if (hit := self.query_cache.get(key)) is not None:
+            return hit
         if getattr(embedder, "url", None):
             self.check_remote_policy(store, embedder.url, "embedding")
             check = self.operation_check(store, ctx)
-            return np.asarray(embedder.embed_queries([query], before_attempt=check))[0]
+            vec = np.asarray(embedder.embed_queries([query], before_attempt=check))[0]
+        else:
+            with self._embedding(foreground=True):
+                self._local_used = time.monotonic()
+                vec = np.asarray(embedder.embed_queries([query]))[0]
+        self.query_cache.put(key, vec)
+        return vec
+
+    def embed_document(self, embedder: Any, store: VaultStore, title: str | None, text: str, ctx: Any) -> np.ndarray:
+        """One text embedded as a vault fragment is (document prompt): e.g. a new fact, to compare with stored ones."""
+        if getattr(embedder, "url", None):
+            self.check_remote_policy(store, embedder.url, "embedding")
+            return np.asarray(embedder.embed_documents([(title, text)], before_attempt=self.operation_check(store, ctx)))[0]
         with self._embedding(foreground=True):
             self._local_used = time.monotonic()
-            return np.asarray(embedder.embed_queries([query]))[0]
+            return np.asarray(embedder.embed_documents([(title, text)]))[0]
 
     @contextlib.contextmanager
     def _embedding(self, *, foreground: bool) -> Iterator[None]:
@@ -324,6 +403,16 @@ class RagEngine:
             return configured
         profile = getattr(embedder, "profile", None)
         return float(getattr(profile, "vector_weight", 1.0))
+
+    def evidence_floor(self, embedder: Any) -> float | None:
+        """`ask`'s cosine floor: ``[rag] ask_min_cosine`` when set (-1 = none), else the model profile's calibrated one."""
+        configured = float(self.config.rag.ask_min_cosine)
+        if configured == -1:
+            return None
+        if configured != 0:
+            return configured
+        profile = getattr(embedder, "profile", None)
+        return float(getattr(profile, "ask_min_cosine", DEFAULT_EVIDENCE_FLOOR))
 
     @staticmethod
     def skipped_count(space: VectorSpace) -> int:
@@ -359,6 +448,9 @@ class RagEngine:
             },
             "embedding": {"available": self.embedding_available()},
         }
+        # Which embedder serves this vault (local, remote or none) and why: [rag] embedding_source.
+        served_by, reason = self.vault_embedding_source(store)
+        out["embedding"].update({"served_by": served_by, "reason": reason})
         if out["fragments"] is None:
             # No index yet: count what it would hold without building it (state stays "none").
             from ..index.bm25 import check_caps
@@ -398,7 +490,7 @@ class RagEngine:
             out["embedding"]["vectors_loaded"] = False
             # Not loaded yet (unlock, restart): count the sealed vectors of live fragments instead.
             identity, dims = self._known_identity()
-            sealed = sealed_status(store, identity=identity, dims=dims, remote=self.config.rag.embedding.configured)
+            sealed = sealed_status(store, identity=identity, dims=dims, remote=self.remote_embedding())
             if sealed is not None:
                 out["embedding"].update(sealed)
         else:
@@ -427,7 +519,7 @@ class RagEngine:
     def _known_identity(self) -> tuple[str | None, int | None]:
         """Identity and dimensions of the active embedder when known without loading a model
         (a remote service's identity comes from the config; a local model's only once loaded)."""
-        if self.config.rag.embedding.configured:
+        if self.remote_embedding():
             try:
                 remote = self.embedder()  # builds the client only: no request is sent
             except MemoriesError:
@@ -439,7 +531,7 @@ class RagEngine:
         return None, None
 
     def _describe_model(self) -> str:
-        if self.config.rag.embedding.configured:
+        if self.remote_embedding():
             svc = self.config.rag.embedding
             return f"remote:{svc.protocol}:{svc.model}"
         return str(self.model_dir())

@@ -1,8 +1,13 @@
 """Search over a vault: bm25, vector and hybrid (RRF + rerank), fragments or whole documents.
 
 Constraints hold in every mode: ``match_mode`` all/phrase filters vector and hybrid candidates
-through the BM25 index; ``cards_only`` and the private/credential/file exclusions (those records
-are never indexed) apply everywhere. Scores are higher-is-better in every mode.
+through the BM25 index; ``cards_only``, the record filters (``--kind``, ``--category``, ``--tag``,
+``--since/--until``: :mod:`memoriesd.rag.filters`) and the private/credential/file exclusions
+(those records are never indexed) apply everywhere. Filters narrow the candidates of each side
+before fusion: the vector search runs over the allowed fragments only, and BM25 candidates are
+widened (x4 at a time, up to the index's bound of 10,000) until enough pass; past that bound,
+allowed fragments that match the query are added after them with score 0.
+Scores are higher-is-better in every mode.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DeviceOnly, ModelInputFailed, ModelUnavailable, QueryInvalid
+from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
 from ..text.humanize import duration
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
+from .filters import RecordFilter
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
 
 MODES = ("bm25", "vector", "hybrid")
@@ -38,7 +45,10 @@ class SearchRequest:
     min_score: float | None = None
     rrf_k: int | None = None
     vector_weight: float | None = None
+    fusion: str | None = None  # None = [rag] fusion
+    evidence_floor: bool = False  # `ask`: without min_score, drop vector neighbours under the model's floor
     candidates: int | None = None
+    filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until
 
 
 @dataclass
@@ -69,10 +79,52 @@ def _check(req: SearchRequest) -> None:
         raise QueryInvalid("--min-score is a cosine similarity between -1 and 1")
 
 
-def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest) -> list[int]:
-    if not req.cards_only:
+def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest, records: set[str] | None = None) -> list[int]:
+    """The fragments that pass ``cards_only`` and, when given, belong to one of ``records``."""
+    if not req.cards_only and records is None:
         return frag_ids
-    return [fid for fid in frag_ids if (got := idx.get_fragment(fid)) is not None and got[0].kind == "card"]
+    out = []
+    for fid in frag_ids:
+        got = idx.get_fragment(fid)
+        if got is None or (req.cards_only and got[0].kind != "card"):
+            continue
+        if records is None or got[0].record_id in records:
+            out.append(fid)
+    return out
+
+
+def _allowed_fragments(idx: VaultIndex, req: SearchRequest, records: set[str] | None) -> set[int]:
+    """Every live fragment a narrowed search may return (cards_only and/or the filters' records)."""
+    assert idx.bm25 is not None
+    pool = idx.live_frag_ids() if records is None else [fid for rid in records for fid in idx.bm25.frag_ids(rid)]
+    return set(_allowed(idx, pool, req, records))
+
+
+def _narrowed_bm25(idx: VaultIndex, req: SearchRequest, records: set[str] | None, want: int) -> tuple[list[Any], int]:
+    """BM25 candidates that pass the narrowing, enough of them: ``(hits, ignored_terms)``.
+
+    The candidate count grows x4 while fewer than ``want`` pass and the index had more; past the
+    index's bound, the allowed fragments that match the query are added with score 0.
+    """
+    from ..index.bm25 import Hit
+
+    bm25 = idx.bm25
+    assert bm25 is not None
+    limit = min(want * 4, MAX_CANDIDATES)
+    while True:
+        res = bm25.candidates(req.query, match_mode=req.match_mode, limit=limit)
+        kept = set(_allowed(idx, [h.frag_id for h in res.hits], req, records))
+        hits = [h for h in res.hits if h.frag_id in kept]
+        if len(hits) >= want or len(res.hits) < limit:
+            return hits, res.ignored_terms
+        if limit >= MAX_CANDIDATES:
+            break
+        limit = min(limit * 4, MAX_CANDIDATES)
+    seen = {h.frag_id for h in res.hits}
+    rest = _allowed_fragments(idx, req, records) - seen
+    extra = bm25.filter(req.query, req.match_mode, rest) if rest else set()
+    hits += [Hit(fid, 0.0) for fid in sorted(extra)[: max(0, want - len(hits))]]
+    return hits, res.ignored_terms
 
 
 def _default_mode(engine: RagEngine, store: VaultStore) -> str:
@@ -84,7 +136,7 @@ def _default_mode(engine: RagEngine, store: VaultStore) -> str:
     if not engine.embedding_available():
         return "bm25"
     svc = engine.config.rag.embedding
-    if svc.configured:
+    if engine.remote_embedding():
         try:
             engine.check_remote_policy(store, svc.url, "embedding")
         except DeviceOnly:
@@ -103,17 +155,23 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     n_cand = req.candidates or engine.config.rag.candidates
     k = req.rrf_k or engine.config.rag.rrf_k
     out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
+    # The records the filters keep (None: no filter); fragments of other records are never candidates.
+    records = req.filters.record_ids(store) if req.filters is not None and req.filters.active else None
+    narrowed = req.cards_only or records is not None
     t_index = time.perf_counter()
     out.timings["index_ms"] = (t_index - t0) * 1000
 
     bm25_ids: list[int] = []
     bm25_scores: dict[int, float] = {}
     if mode in ("bm25", "hybrid"):
-        want = req.limit if (mode == "bm25" and not req.cards_only) else max(n_cand, req.limit)
-        res = bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want * (4 if req.cards_only else 1), 10_000))
-        out.ignored_terms = res.ignored_terms
-        bm25_ids = _allowed(idx, [h.frag_id for h in res.hits], req)
-        bm25_scores = {h.frag_id: h.score for h in res.hits}
+        want = req.limit if (mode == "bm25" and not narrowed) else max(n_cand, req.limit)
+        if narrowed:
+            kept_hits, out.ignored_terms = _narrowed_bm25(idx, req, records, want)
+        else:
+            res = bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want, MAX_CANDIDATES))
+            out.ignored_terms, kept_hits = res.ignored_terms, res.hits
+        bm25_ids = [h.frag_id for h in kept_hits]
+        bm25_scores = {h.frag_id: h.score for h in kept_hits}
         out.timings["bm25_ms"] = (time.perf_counter() - t_index) * 1000
 
     vec_ids: list[int] = []
@@ -123,7 +181,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         t_vec = time.perf_counter()
         if not engine.embedding_available():
             raise ModelUnavailable(f"--mode {mode} needs an embedding model: {INSTALL_HINT}")
-        if engine.config.rag.embedding.configured:  # the vault's policy first, before the client exists
+        if engine.remote_embedding():  # the vault's policy first, before the client exists
             engine.check_remote_policy(store, engine.config.rag.embedding.url, "embedding")
         embedder = engine.embedder()
         space = engine.vector_space(store, idx, embedder)
@@ -148,17 +206,22 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
                     f"{rest:,} fragments have no vector yet, so vector results cover only part of the vault: "
                     "run `memories rag index` to embed them"
                 )
+        t_embed = time.perf_counter()
         try:
             qvec: Any = engine.embed_query(embedder, store, req.query, ctx)
+            out.timings["query_embed_ms"] = (time.perf_counter() - t_embed) * 1000  # part of vector_ms
         except ModelInputFailed:
             if mode != "hybrid":
                 raise
             qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so
             out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
         allowed: Any = None
-        if req.cards_only:
-            allowed = set(_allowed(idx, idx.live_frag_ids(), req))
-        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, min_score=req.min_score)
+        if narrowed:
+            allowed = _allowed_fragments(idx, req, records)
+        floor = req.min_score
+        if floor is None and req.evidence_floor:
+            floor = engine.evidence_floor(embedder)
+        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, min_score=floor)
         if req.match_mode != "any" and pairs:
             keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
             pairs = [(fid, s) for fid, s in pairs if fid in keep]
@@ -192,10 +255,11 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         fused = fuse(
             bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles,
             vector_weight=req.vector_weight or engine.vector_weight(embedder),
+            method=req.fusion or engine.config.rag.fusion, bm25_scores=bm25_scores,
         )
         t_rr = time.perf_counter()
         if req.rerank and fused:
-            fused = rerank(engine, store, req.query, fused[:n_cand], ctx)
+            fused = rerank(engine, store, req.query, fused[:n_cand], ctx, embedder=embedder)
         out.timings["rerank_ms"] = (time.perf_counter() - t_rr) * 1000
         hits = fused[: req.limit]
     out.hits = hits
@@ -203,8 +267,14 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     return out
 
 
-def rerank(engine: RagEngine, store: VaultStore, query: str, candidates: list[Candidate], ctx: Any) -> list[Candidate]:
-    """The trained reranker service when configured, else the light heuristic."""
+def rerank(
+    engine: RagEngine, store: VaultStore, query: str, candidates: list[Candidate], ctx: Any, *, embedder: Any = None
+) -> list[Candidate]:
+    """The trained reranker service when configured, else the light heuristic where it helps.
+
+    The light heuristic runs when ``[rag] rerank_default`` is on and the embedding model's profile
+    does not turn it off (it was measured to cost quality with a strong model: README).
+    """
     svc = engine.config.rag.rerank
     if svc.configured:
         from .rerank import remote_rerank
@@ -212,7 +282,7 @@ def rerank(engine: RagEngine, store: VaultStore, query: str, candidates: list[Ca
         engine.check_remote_policy(store, svc.url, "rerank")
         scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=engine.operation_check(store, ctx))
         return order_by_scores(candidates, scores)
-    if not engine.config.rag.rerank_default:
+    if not engine.config.rag.rerank_default or not getattr(getattr(embedder, "profile", None), "light_rerank", True):
         return candidates
     from ..text.segment import query_terms
 

@@ -1,9 +1,14 @@
 """Vectors of one vault for one embedder identity: in memory, and sealed at rest.
 
-Each vector is bound to its fragment's fingerprint, its record's title and the embedder's
-identity (the sidecar's associated data), so a different model, prompt or title never reuses a
-vector. Unlock or restart reload vectors from the sealed sidecar instead of re-embedding; vault
-changes embed only fragments whose key is new. ``vault compact`` rewrites every sidecar the vault's
+Each vector is keyed by its content: a keyed hash of exactly what the model reads (the record's
+title or none, and the fragment's text; :func:`~memoriesd.index.vector_store.content_key`), bound
+to the embedder's identity (the sidecar's associated data), so a different model, prompt or title
+never reuses a vector, while the same input does wherever it is: an edit near the top of a note
+re-embeds only the fragments whose text changed (byte offsets are not part of the key; results
+still carry them from the fragment), and a passage in two notes has one vector. Unlock or restart
+reload vectors from the sealed sidecar instead of re-embedding; vault changes embed only fragments
+whose key is new. A sidecar of the old scheme (keys from the fragment fingerprint and title) is
+re-keyed once on attach and rewritten, without re-embedding. ``vault compact`` rewrites every sidecar the vault's
 space list knows to the vectors of live fragments (:func:`compact_vectors`); ``rag status`` counts
 sealed vectors before they are loaded (:func:`sealed_status`).
 """
@@ -21,13 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, CapExceeded, InvalidModelOutput, ModelInputFailed
+from ..errors import Cancelled, CapExceeded, InvalidModelOutput, MemoriesError, ModelInputFailed
 from ..index.caches import embed_input
 from ..index.vector_store import (
     VectorStore,
+    content_key,
     entry_key,
+    is_legacy_key,
     list_sidecars,
     read_spaces,
+    rekeyed,
     sidecar_opaque_id,
     sidecar_path,
     write_spaces,
@@ -65,22 +73,30 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 
 
-def live_fragment_keys(store: Any) -> list[str]:
-    """The entry key of every fragment of the vault's live, searchable records (one per fragment),
-    computed exactly as the index does (same fragments, same fingerprint subkey); builds no index."""
+def live_fragment_keys(store: Any, *, legacy: bool = False) -> list[tuple[str, str | None]]:
+    """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
+    records (one per fragment), computed exactly as the index does (same fragments, same
+    fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
+    fragment's vector had before content keys (to read or re-key an old sidecar)."""
     from ..index.caches import index_doc
 
     fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
     try:
-        key = bytes(fp_key)
-        return [
-            entry_key(frag.fingerprint, rec.title)
-            for rec in store.latest()
-            if rec.searchable
-            for frag in index_doc(rec, key).fragments
-        ]
+        out: list[tuple[str, str | None]] = []
+        for rec in store.latest():
+            if not rec.searchable:
+                continue
+            doc = index_doc(rec, bytes(fp_key))
+            for frag in doc.fragments:
+                title, text = embed_input(doc, frag)
+                out.append((content_key(fp_key, title, text), entry_key(frag.fingerprint, doc.title) if legacy else None))
+        return out
     finally:
         crypto.wipe(fp_key)
+
+
+def _legacy_rename(pairs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
+    return {old: new for new, old in pairs if old is not None}
 
 
 def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
@@ -100,13 +116,15 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
         if space is not None:
             stack.enter_context(space.lock)
         with store.lock:
-            keep = set(live_fragment_keys(store))  # raises VaultLocked when locked meanwhile
+            pairs = live_fragment_keys(store, legacy=True)  # raises VaultLocked when locked meanwhile
+            keep = {new for new, _ in pairs}
+            rename = _legacy_rename(pairs)  # a sidecar not re-keyed yet keeps its live vectors
             sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
             try:
                 spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
                 for path in list_sidecars(store.dir):
                     if space is not None and path == space.sidecar.path:
-                        result = space.retain(keep)
+                        result = space.retain(keep, rename)
                     elif sidecar_opaque_id(path) in spaces:
                         entry = spaces[sidecar_opaque_id(path)]
                         result = VectorStore(
@@ -116,7 +134,7 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
                             dims=int(str(entry["dims"])),
                             seal=sealer.seal,
                             open_=sealer.open,
-                        ).retain(keep)
+                        ).retain(keep, rename)
                     else:
                         stats["vector_files_skipped"] += 1
                         log.warning("vault %s: vector cache %s has no known model identity; left as is",
@@ -166,8 +184,9 @@ def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote:
             return None
     finally:
         sealer.wipe()
-    frag_keys = live_fragment_keys(store)
-    embedded = sum(1 for k in frag_keys if k in keys)
+    legacy = any(is_legacy_key(k) for k in keys)  # a sidecar not re-keyed yet (first attach does it)
+    frag_keys = live_fragment_keys(store, legacy=legacy)
+    embedded = sum(1 for new, old in frag_keys if new in keys or (old is not None and old in keys))
     out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
     if dims is not None:
         out["dimensions"] = dims
@@ -193,6 +212,7 @@ class VectorSpace:
         self.dims = dims
         self.max_vector_mib = max_vector_mib
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)  # keys vectors by content
         self.sidecar = VectorStore(
             sidecar_path(store.dir, sidecar_id(store.key, identity)),
             vault_id=store.vault_id,
@@ -201,12 +221,17 @@ class VectorSpace:
             seal=self._sealer.seal,
             open_=self._sealer.open,
         )
-        self.index = VectorIndex(dims, max_vector_mib=max_vector_mib)
-        self.skipped: set[str] = set()  # entry keys of fragments the model cannot embed (this unlock)
-        # Spare vectors by entry key: sealed or recently dropped ones that no live fragment uses now
+        self.index = VectorIndex(dims, max_vector_mib=max_vector_mib, precision=vault_index.cache_cfg.vector_precision)
+        self.skipped: set[str] = set()  # content keys of fragments the model cannot embed (this unlock)
+        # Spare vectors by content key: sealed or recently dropped ones that no live fragment uses now
         # (kept for a fragment that comes back, e.g. an edit undone). Never the live ones (the index
         # holds those), and at most SPARE_SHARE of max_vector_mib; None until the sidecar is read.
         self._known: dict[str, np.ndarray] | None = None
+        # Content key (its first 64 bits, ~8 MiB per 100,000 fragments) -> a fragment in the index
+        # with that vector, so a fragment with the same model input (a passage in two notes) reuses
+        # it instead of being embedded again; a reuse checks the holder's full key. An entry whose
+        # fragment left the index is stale and ignored (frag ids are never reused).
+        self._holder: dict[int, int] = {}
         # Sealed vectors held neither by the index nor as spares (trimmed): 8-byte hashes of their
         # keys, sorted, so attach() re-reads the sidecar only for a key it may hold, not for every
         # new text. A superset is harmless (one needless read); unknown (drop() without keys) is
@@ -216,14 +241,53 @@ class VectorSpace:
         self.lock = threading.RLock()
         register_space(store, self._sealer, identity, dims)
 
-    @staticmethod
-    def key_of(vault_index: Any, frag_id: int) -> str:
+    # ------------------------------------------------------------------ keys
+
+    def key_of(self, vault_index: Any, frag_id: int) -> str:
+        """The content key of a live fragment's vector (see the module docstring)."""
         doc, frag = vault_index.fragment(frag_id)
-        return entry_key(frag.fingerprint, doc.title)
+        return self._input_key(doc, frag)[1]
+
+    def _input_key(self, doc: Any, frag: Any) -> tuple[tuple[str | None, str], str]:
+        """What the embedder reads for the fragment, and its content key."""
+        if getattr(self._fp_key, "wiped", False):
+            raise crypto.KeyWiped("the fingerprint key was wiped (the vault was locked)")
+        title, text = embed_input(doc, frag)
+        return (title, text), content_key(self._fp_key, title, text)
+
+    @staticmethod
+    def _short(key: str) -> int:
+        return int(key[:16], 16)
+
+    def _is_held(self, key: str) -> bool:
+        """Whether a fragment in the index may have ``key`` (not checked: for bookkeeping only)."""
+        fid = self._holder.get(self._short(key))
+        return fid is not None and fid in self.index
+
+    def _held(self, vault_index: Any, key: str) -> np.ndarray | None:
+        """The vector of ``key`` if a fragment in the index has exactly that key."""
+        fid = self._holder.get(self._short(key))
+        if fid is None or fid not in self.index:
+            return None
+        got = vault_index.get_fragment(fid)
+        if got is None or self._input_key(*got)[1] != key:
+            return None
+        return self.index.get(fid)
+
+    def _hold(self, pairs: Sequence[tuple[int, str]]) -> None:
+        for fid, key in pairs:
+            old = self._holder.get(self._short(key))
+            if old is None or old not in self.index:
+                self._holder[self._short(key)] = fid
+        if len(self._holder) > 2 * len(self.index) + 1024:  # stale entries (fragments left the index)
+            self._holder = {k: f for k, f in self._holder.items() if f in self.index}
+
+    # ------------------------------------------------------------------ loading
 
     def attach(self, vault_index: Any) -> None:
-        """Give every live fragment the vector already known for its key (no embedding): from the
-        spares in memory, else (first use, or spares trimmed) from the sealed sidecar."""
+        """Give every live fragment the vector already known for its key (no embedding): from a
+        fragment in the index with the same input, from the spares in memory, else (first use, or
+        spares trimmed) from the sealed sidecar."""
         with self.lock:
             live = vault_index.live_frag_ids()
             missing = [fid for fid in live if fid not in self.index]
@@ -234,27 +298,58 @@ class VectorSpace:
             if not missing:
                 return
             keys = {fid: self.key_of(vault_index, fid) for fid in missing}
-            if self._known is None or self._may_be_sealed([k for k in keys.values() if k not in self._known]):
+            unknown = [k for k in keys.values() if (self._known is None or k not in self._known) and not self._is_held(k)]
+            if self._known is None or self._may_be_sealed(unknown):
                 t0 = time.perf_counter()
-                loaded = self.sidecar.load()
+                loaded = self._load(vault_index, keys)
                 log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, len(loaded), time.perf_counter() - t0)
                 # Spares only: what the index already holds is not kept twice.
-                in_index = {self.key_of(vault_index, fid) for fid in live if fid in self.index}
-                self._known = {k: v for k, v in loaded.items() if k not in in_index}
+                self._known = {k: v for k, v in loaded.items() if not self._is_held(k)}
                 self._evicted = np.empty(0, dtype=np.uint64)
                 self._known_partial = False
-            found_ids, found_vecs = [], []
+            found: list[tuple[int, str]] = []
+            found_vecs = []
             for fid in missing:
-                vec = self._known.get(keys[fid])
+                key = keys[fid]
+                vec = self._known.get(key)
+                if vec is None:
+                    vec = self._held(vault_index, key)
                 if vec is not None and vec.shape == (self.dims,):
-                    found_ids.append(fid)
+                    found.append((fid, key))
                     found_vecs.append(vec)
-            if found_ids:
-                check_vector_cap(len(self.index) + len(found_ids), self.dims, self.max_vector_mib)
-                self.index.add(found_ids, np.stack(found_vecs).astype(np.float32))
-                for fid in found_ids:
-                    self._known.pop(keys[fid], None)
+            if found:
+                check_vector_cap(len(self.index) + len(found), self.dims, self.max_vector_mib, self.index.precision)
+                self.index.add([fid for fid, _ in found], found_vecs)  # rows encoded a block at a time: no full copy
+                for _, key in found:
+                    self._known.pop(key, None)
+                self._hold(found)
             self._trim_spares()
+
+    def _load(self, vault_index: Any, keys: dict[int, str]) -> dict[str, np.ndarray]:
+        """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
+        keys) is re-keyed here, once: every live fragment's old key is mapped to its content key,
+        and the file is rewritten atomically (vectors of no live fragment are left out; nothing is
+        re-embedded). Caller holds the lock; ``keys`` are content keys already computed."""
+        loaded = self.sidecar.load()
+        legacy = sum(1 for k in loaded if is_legacy_key(k))
+        if not legacy:
+            return loaded
+        rename: dict[str, str] = {}
+        for fid in vault_index.live_frag_ids():
+            doc, frag = vault_index.fragment(fid)
+            new = keys.get(fid)
+            rename[entry_key(frag.fingerprint, doc.title)] = new if new is not None else self.key_of(vault_index, fid)
+        out = rekeyed(loaded, rename)
+        try:
+            if out:
+                self.sidecar.rewrite(out)
+            else:
+                self.sidecar.discard()
+        except MemoriesError as exc:  # the old file stays: re-keyed again at the next load
+            log.warning("vault %s: the re-keyed vector cache cannot be written (%s)", vault_index.vault_id, exc.code)
+        log.info("vault %s: re-keyed %d sealed vectors to content keys (%d of no live fragment left out)",
+                 vault_index.vault_id, legacy, legacy - (len(out) - (len(loaded) - legacy)))
+        return out
 
     def _trim_spares(self) -> None:
         """Keep at most SPARE_SHARE of ``max_vector_mib`` of spare vectors (the newest)."""
@@ -281,25 +376,28 @@ class VectorSpace:
         return 0 if self._known is None else len(self._known)
 
     def drop(self, frag_ids: Sequence[int], keys: Sequence[str] | None = None) -> None:
-        """Forget fragments that left the index; with their entry ``keys``, their vectors become
+        """Forget fragments that left the index; with their content ``keys``, their vectors become
         spares (bounded) for a fragment that comes back."""
         with self.lock:
-            if keys is not None and self._known is not None:
+            if keys is not None:
                 for fid, key in zip(frag_ids, keys, strict=True):
-                    vec = self.index.get(fid)
-                    if vec is not None:
+                    if self._holder.get(self._short(key)) == fid:
+                        del self._holder[self._short(key)]
+                    vec = self.index.get(fid) if self._known is not None else None
+                    if vec is not None and self._known is not None:
                         self._known.pop(key, None)
                         self._known[key] = np.array(vec, dtype=np.float32)
-            elif keys is None:
+            else:
                 self._known_partial = True
             self.index.remove(frag_ids)
             self._trim_spares()
 
-    def retain(self, keep: Collection[str]) -> tuple[int, int] | None:
-        """Compaction: keep only vectors whose entry key is in ``keep``, on disk and among the
-        known ones in memory (the index itself holds only live fragments)."""
+    def retain(self, keep: Collection[str], rename: dict[str, str] | None = None) -> tuple[int, int] | None:
+        """Compaction: keep only vectors whose content key is in ``keep``, on disk and among the
+        known ones in memory (the index itself holds only live fragments). ``rename`` re-keys a
+        sidecar of the old scheme that was not loaded yet."""
         with self.lock:
-            result = self.sidecar.retain(keep)
+            result = self.sidecar.retain(keep, rename)
             if self._known is not None:
                 self._known = {k: v for k, v in self._known.items() if k in keep}
             return result
@@ -310,8 +408,10 @@ class VectorSpace:
             out = [fid for fid in vault_index.live_frag_ids() if fid not in self.index]
             if self.skipped:
                 out = [fid for fid in out if (got := vault_index.get_fragment(fid)) is not None
-                       and entry_key(got[1].fingerprint, got[0].title) not in self.skipped]
+                       and self._input_key(*got)[1] not in self.skipped]
             return out
+
+    # ------------------------------------------------------------------ embedding
 
     def embed(
         self,
@@ -325,53 +425,77 @@ class VectorSpace:
     ) -> int:
         """Embed ``frag_ids`` in batches; each finished batch is sealed to disk and added.
 
-        ``check()`` runs before each batch and before each batch is kept (lock, vault change, client
-        gone); ``deadline`` (monotonic) ends the pass between batches. Returns how many were embedded.
+        The model reads each distinct input once: a fragment whose content key already has a vector
+        (in the index, among the spares, or earlier in the pass) reuses it. ``check()`` runs before
+        each batch and before each batch is kept (lock, vault change, client gone); ``deadline``
+        (monotonic) ends the pass between batches. Returns how many fragments got a vector.
         """
         done = 0
-        check_vector_cap(len(self.index) + len(frag_ids), self.dims, self.max_vector_mib)
+        check_vector_cap(len(self.index) + len(frag_ids), self.dims, self.max_vector_mib, self.index.precision)
         for start in range(0, len(frag_ids), BATCH_FRAGMENTS):
             if deadline is not None and time.monotonic() >= deadline:
                 break
             check()
-            batch = []
-            items: list[tuple[str | None, str]] = []
-            keys = []
-            for fid in frag_ids[start : start + BATCH_FRAGMENTS]:
-                got = vault_index.get_fragment(fid)
-                if got is None:  # its record changed since the pass began: nothing to embed
-                    continue
-                doc, frag = got
-                batch.append(fid)
-                items.append(embed_input(doc, frag))
-                keys.append(entry_key(frag.fingerprint, doc.title))
+            batch: list[int] = []
+            keys: list[str] = []
+            todo: dict[str, tuple[str | None, str]] = {}  # distinct inputs without a vector
+            reuse: dict[str, np.ndarray] = {}
+            with self.lock:
+                for fid in frag_ids[start : start + BATCH_FRAGMENTS]:
+                    got = vault_index.get_fragment(fid)
+                    if got is None:  # its record changed since the pass began: nothing to embed
+                        continue
+                    item, key = self._input_key(*got)
+                    batch.append(fid)
+                    keys.append(key)
+                    if key in reuse or key in todo:
+                        continue
+                    vec = self._held(vault_index, key)
+                    if vec is None and self._known is not None:
+                        vec = self._known.get(key)
+                    if vec is not None:
+                        reuse[key] = vec
+                    else:
+                        todo[key] = item
             if not batch:
                 continue
-            rows = self._embed_batch(embed_fn, items, check)
+            rows = self._embed_batch(embed_fn, list(todo.values()), check) if todo else []
             check()  # a lock or change while the batch ran: discard it
-            kept = [(fid, key, v) for fid, key, v in zip(batch, keys, rows, strict=True) if v is not None]
             with self.lock:
-                for key, v in zip(keys, rows, strict=True):
+                new: dict[str, np.ndarray] = {}
+                for key, v in zip(todo, rows, strict=True):
                     if v is None:
                         self.skipped.add(key)
                         log.warning("vault %s: a fragment could not be embedded; it is skipped (still found by bm25)",
                                     vault_index.vault_id)
-                if kept:
-                    self.sidecar.append({key: v for _, key, v in kept})
-                    live = []
-                    for fid, key, v in kept:
-                        if vault_index.get_fragment(fid) is not None:  # live now: not a spare
-                            if self._known is not None:
-                                self._known.pop(key, None)
-                            if fid not in self.index:
-                                live.append((fid, v))
-                        elif self._known is not None:  # its record changed meanwhile: a spare
+                    else:
+                        new[key] = v
+                if new:
+                    self.sidecar.append(new)
+                live: list[tuple[int, str]] = []
+                live_vecs = []
+                kept = 0
+                for fid, key in zip(batch, keys, strict=True):
+                    v = new.get(key)
+                    if v is None:
+                        v = reuse.get(key)
+                    if v is None:
+                        continue
+                    kept += 1
+                    if vault_index.get_fragment(fid) is not None:  # live now: not a spare
+                        if self._known is not None:
                             self._known.pop(key, None)
-                            self._known[key] = v
-                    if live:
-                        self.index.add([f for f, _ in live], np.stack([v for _, v in live]))
-                    self._trim_spares()
-            done += len(kept)
+                        if fid not in self.index:
+                            live.append((fid, key))
+                            live_vecs.append(v)
+                    elif key in new and self._known is not None:  # its record changed meanwhile: a spare
+                        self._known.pop(key, None)
+                        self._known[key] = v
+                if live:
+                    self.index.add([f for f, _ in live], np.stack(live_vecs))
+                    self._hold(live)
+                self._trim_spares()
+            done += kept
             if on_batch is not None:
                 on_batch(done)
         return done
@@ -429,8 +553,10 @@ class VectorSpace:
         with self.lock:
             self.index.clear()
             self._known = None
+            self._holder = {}
             self._evicted = np.empty(0, dtype=np.uint64)
             self._sealer.wipe()
+            crypto.wipe(self._fp_key)
 
 
 __all__ = ["VectorSpace", "Cancelled", "CapExceeded", "compact_vectors", "sealed_status", "sidecar_id"]

@@ -45,7 +45,8 @@ from ..home import Home, resolve_home  # noqa: E402
 from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
-from . import grants, handlers, protocol, rag_handlers  # noqa: E402
+from ..watch import WatchService  # noqa: E402
+from . import grants, handlers, memory_handlers, protocol, rag_handlers  # noqa: E402
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
 from .lograte import LogRateLimit, installed_limits  # noqa: E402
@@ -53,7 +54,7 @@ from .lograte import LogRateLimit, installed_limits  # noqa: E402
 # Every method family, imported eagerly and unconditionally: each module registers its methods in
 # HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
 # method" for a whole family later).
-METHOD_MODULES = (handlers, grants, rag_handlers)
+METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers)
 
 log = logging.getLogger("memoriesd")
 
@@ -81,6 +82,23 @@ def harden() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_DUMPABLE = 4
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def bound_heap() -> None:
+    """glibc: give every buffer of 128 KiB or more its own mapping, so freeing it returns the memory.
+
+    By default glibc raises that threshold each time such a buffer is freed, after which the
+    decrypted chunks of a sealed vector file (6 MiB each) come from the heap and stay in RSS once
+    freed: +325 MiB kept after loading 100,000 vectors of 768 dimensions
+    (scripts/bench_memory.py; README "Memory and the cache caps"). A no-op without glibc's mallopt.
+    """
+    try:
+        import ctypes
+
+        M_MMAP_THRESHOLD = -3
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)
     except (OSError, AttributeError):
         pass
 
@@ -133,6 +151,7 @@ class App:
         self.started = time.monotonic()
         self._stop_cb: Any = None
         self.rag: Any = RagEngine(self)
+        self.watch = WatchService(self)  # [[rag.watch]] folders, watched while their vault is unlocked
 
     def request_stop(self) -> None:
         if self._stop_cb is not None:
@@ -467,6 +486,7 @@ class Server:
                 conn.cancelled.set()
             # In-flight writes finish (each batch is atomic); give them a moment.
             self.pool.shutdown(wait=True, cancel_futures=True)
+            await asyncio.to_thread(self.app.watch.close)
             await asyncio.to_thread(self.app.vaults.lock_all, "shutdown")
             with contextlib.suppress(FileNotFoundError):
                 home.socket_path.unlink()
@@ -522,6 +542,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--version", action="version", version=f"memoriesd {__version__}")
     args = parser.parse_args(argv)
     harden()
+    bound_heap()
     try:
         home = resolve_home(args.home)
         code = run_daemon(home)

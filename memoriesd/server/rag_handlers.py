@@ -8,11 +8,13 @@ from typing import Any
 
 from ..errors import Cancelled, MemoriesError, ModelUnavailable, NotFound, VaultLocked
 from ..index.bm25 import MAX_CANDIDATES
+from ..memory.recalls import note_recalls
 from ..rag.engine import INSTALL_HINT, RagEngine
-from ..rag.fusion import Candidate
+from ..rag.filters import RecordFilter, make_filter
+from ..rag.fusion import FUSIONS, Candidate
 from ..rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ..vault.store import VaultStore
-from .context import Context
+from .context import Context, Params
 from .handlers import method
 
 
@@ -36,7 +38,20 @@ def _search_request(ctx: Context, *, query_key: str = "query", default_limit: in
         min_score=p.number("min_score", None),
         rrf_k=p.integer("rrf_k", None, lo=1, hi=1000),
         vector_weight=_weight(p.number("vector_weight", None)),
+        fusion=p.choice("fusion", FUSIONS, None),
         candidates=p.integer("candidates", None, lo=1, hi=10000),
+        filters=search_filter(p),
+    )
+
+
+def search_filter(p: Params) -> RecordFilter:
+    """``kinds``, ``categories``, ``tags`` (lists), ``since`` and ``until`` (ISO dates) of a request."""
+    return make_filter(
+        p.texts("kinds", []),
+        p.texts("categories", []),
+        p.texts("tags", []),
+        p.text("since", None, max_len=40),
+        p.text("until", None, max_len=40),
     )
 
 
@@ -53,16 +68,19 @@ _FIRST_FRAGMENTS = 100
 _WIDEN = 4
 
 
-def _searchable(store: VaultStore, record_id: str, cards_only: bool) -> bool:
-    """What a grant's result filter would keep too: live, not private, not a credential or file."""
+def _searchable(store: VaultStore, record_id: str, cards_only: bool, flt: RecordFilter | None = None) -> bool:
+    """What a grant's result filter would keep too: live, not private, not a credential or file
+    (and what the request's filters keep)."""
     try:
         rec = store.get(record_id)
     except NotFound:
         return False
-    return rec.searchable and (not cards_only or rec.kind == "card")
+    return rec.searchable and (not cards_only or rec.kind == "card") and (flt is None or flt.keeps(rec))
 
 
-def _best_per_record(store: VaultStore, idx: Any, hits: list[Candidate], limit: int, cards_only: bool) -> list[Candidate]:
+def _best_per_record(
+    store: VaultStore, idx: Any, hits: list[Candidate], limit: int, cards_only: bool, flt: RecordFilter | None = None
+) -> list[Candidate]:
     """Each record's best hit, in rank order, for the first ``limit`` searchable records."""
     best: dict[str, Candidate] = {}
     skipped: set[str] = set()
@@ -73,7 +91,7 @@ def _best_per_record(store: VaultStore, idx: Any, hits: list[Candidate], limit: 
         record_id = got[0].record_id
         if record_id in best or record_id in skipped:
             continue
-        if not _searchable(store, record_id, cards_only):
+        if not _searchable(store, record_id, cards_only, flt):
             skipped.add(record_id)
             continue
         best[record_id] = c
@@ -98,22 +116,24 @@ def memory_search(app: Any, ctx: Context) -> dict[str, Any]:
     if 1 <= limit <= 100:  # else run_search reports the range error
         req.limit = _FIRST_FRAGMENTS
     out = run_search(_engine(app), store, req, ctx)
-    hits = _best_per_record(store, out.index, out.hits, limit, req.cards_only)
+    hits = _best_per_record(store, out.index, out.hits, limit, req.cards_only, req.filters)
     bm25 = out.index.bm25
     fetched = _FIRST_FRAGMENTS
     # Without cards_only, fewer hits than asked for means every match was seen; with it, run_search
     # filtered an unknown number of candidates, so the wider pass finds out.
-    more = req.cards_only or len(out.hits) >= _FIRST_FRAGMENTS
+    more = req.cards_only or bool(req.filters and req.filters.active) or len(out.hits) >= _FIRST_FRAGMENTS
     while out.mode == "bm25" and bm25 is not None and len(hits) < limit and more and fetched < MAX_CANDIDATES:
         ctx.check_cancelled()
         fetched = min(fetched * _WIDEN, MAX_CANDIDATES)
         res = bm25.candidates(req.query, match_mode=req.match_mode, limit=fetched)
         out.ignored_terms = res.ignored_terms
         wide = [Candidate(frag_id=h.frag_id, score=h.score, bm25_rank=i + 1) for i, h in enumerate(res.hits)]
-        hits = _best_per_record(store, out.index, wide, limit, req.cards_only)
+        hits = _best_per_record(store, out.index, wide, limit, req.cards_only, req.filters)
         more = len(res.hits) >= fetched
     out.hits = hits
-    return {"mode": out.mode, "results": document_results(out, limit), "ignored_terms": out.ignored_terms, "notices": out.notices}
+    results = document_results(out, limit)
+    note_recalls(app, store, [r["id"] for r in results])  # a fact found is a fact recalled
+    return {"mode": out.mode, "results": results, "ignored_terms": out.ignored_terms, "notices": out.notices}
 
 
 @method("rag.search")
@@ -121,9 +141,11 @@ def rag_search(app: Any, ctx: Context) -> dict[str, Any]:
     store = _store(app, ctx)
     req = _search_request(ctx)
     out = run_search(_engine(app), store, req, ctx)
+    results = fragment_results(out)
+    note_recalls(app, store, [r["record_id"] for r in results])  # a fact found is a fact recalled
     return {
         "mode": out.mode,
-        "results": fragment_results(out),
+        "results": results,
         "ignored_terms": out.ignored_terms,
         "notices": out.notices,
         "missing_vectors": out.missing_vectors,
@@ -157,7 +179,16 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("rag.status")
 def rag_status(app: Any, ctx: Context) -> dict[str, Any]:
-    return _engine(app).status(_store(app, ctx))
+    store = _store(app, ctx)
+    out = _engine(app).status(store)
+    out["watch"] = app.watch.status(store.vault_id)  # watched folders: state, last sync, pending, counts
+    return out
+
+
+@method("rag.watch_reload")
+def rag_watch_reload(app: Any, ctx: Context) -> dict[str, Any]:
+    """Apply the ``[[rag.watch]]`` tables of config.toml now (`rag watch` / `rag unwatch` call it)."""
+    return app.watch.reload()
 
 
 @method("rag.index")
@@ -249,7 +280,9 @@ def rag_ask(app: Any, ctx: Context) -> dict[str, Any]:
 
     store = _store(app, ctx)
     req = _search_request(ctx, query_key="question", default_limit=8)
-    return ask(_engine(app), store, req.query, req, ctx)
+    out = ask(_engine(app), store, req.query, req, ctx)
+    note_recalls(app, store, [c["record_id"] for c in out.get("citations", [])])
+    return out
 
 
 @method("rag.model_install")
