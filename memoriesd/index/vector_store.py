@@ -13,11 +13,14 @@ identity + dims + chunk number. Appends add chunks at the end, fsync, then write
 a sealed commit record (generation, chunk count, end offset, hash chain over the
 chunks) into the slot the previous commit did not use, and fsync again: a crash
 mid-append leaves the previous commit valid (the uncommitted tail is dropped), a
-cut or spliced file fails the commit check. Entries are content-addressed (key =
-fragment fingerprint + title hash, identity in the aad), so even an old copy of
-the file can only hold correct vectors. ``rewrite`` compacts into a new file
-(O_EXCL 0600, fsync, rename, fsync dir); ``retain`` rewrites it with only the entries
-of live fragments (``vault compact``).
+cut or spliced file fails the commit check. Entries are content-addressed: the key is a
+keyed hash of exactly what the model reads (:func:`content_key`: title or none, text), the
+identity is in the aad, so even an old copy of the file can only hold correct vectors, and two
+fragments with the same input (an edit that moved a paragraph, a passage in two notes) share one
+entry. ``rewrite`` compacts into a new file (O_EXCL 0600, fsync, rename, fsync dir); ``retain``
+rewrites it with only the entries of live fragments (``vault compact``). Files written before
+content keys hold :func:`entry_key` keys (fingerprint + title hash); the caller re-keys them once
+(``rename``) without re-embedding.
 
 A sidecar cannot be opened without its model identity and dimensions (they are in the
 aad), and its name is a keyed hash of the identity. So the vault directory also holds
@@ -29,6 +32,7 @@ model the vault used, and status count sealed vectors before the model is loaded
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -59,11 +63,38 @@ Seal = Callable[[bytes, bytes], bytes]
 Open = Callable[[bytes, bytes], bytes]
 
 
+#: Hex characters of a content key (128 bits).
+CONTENT_KEY_HEX = 32
+_CONTENT_LABEL = b"memories/v2/vector-input\0"
+
+
+def content_key(key: bytes | bytearray, title: str | None, text: str) -> str:
+    """Key of a vector: HMAC-SHA256 under ``key`` (the vault's fingerprint subkey) over exactly what
+    the embedder reads, ``(title or None, text)``, each part length-prefixed (no two inputs share an
+    encoding). Identical model input gives the identical key, whatever the record or byte offsets:
+    an edit re-embeds only the fragments whose input changed."""
+    parts = [_CONTENT_LABEL]
+    if title is None:
+        parts.append(b"\0")
+    else:
+        raw = title.encode("utf-8")
+        parts.append(b"\1" + struct.pack(">Q", len(raw)) + raw)
+    data = text.encode("utf-8")
+    parts.append(struct.pack(">Q", len(data)) + data)
+    return hmac.digest(key, b"".join(parts), "sha256").hex()[:CONTENT_KEY_HEX]
+
+
 def entry_key(fingerprint: str, title: str | None) -> str:
-    """Key of a fragment's vector: its fingerprint plus a hash of its record's title
-    (the document prompt includes the title, so a retitled record needs new vectors)."""
+    """The key of sidecars written before content keys: fragment fingerprint (byte offsets +
+    bytes) plus a hash of the record's title. Only used to re-key such files (see
+    :func:`is_legacy_key`)."""
     digest = hashlib.sha256(b"memories/v1/vector-title\0" + (title or "").encode("utf-8")).hexdigest()
     return f"{fingerprint}.{digest[:32]}"
+
+
+def is_legacy_key(key: str) -> bool:
+    """Whether ``key`` is an :func:`entry_key` (old scheme), not a :func:`content_key`."""
+    return "." in key
 
 
 def sidecar_path(vault_dir: Path, opaque_id: str) -> Path:
@@ -119,6 +150,18 @@ def write_spaces(vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *,
     """Replace ``vector-spaces.bin`` atomically (temp file 0600, fsync, rename, fsync dir)."""
     plain = json.dumps({"spaces": {k: dict(v) for k, v in spaces.items()}}, sort_keys=True).encode("utf-8")
     atomic_write(Path(vault_dir) / SPACES_NAME, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
+
+
+def rekeyed(entries: Mapping[str, np.ndarray], rename: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """``entries`` with old-scheme keys replaced as ``rename`` says (an entry already under the new
+    key wins); old-scheme keys ``rename`` does not know are dropped (no live fragment has them)."""
+    out = {k: v for k, v in entries.items() if not is_legacy_key(k)}
+    for k, v in entries.items():
+        if is_legacy_key(k):
+            new = rename.get(k)
+            if new is not None and new not in out:
+                out[new] = v
+    return out
 
 
 class _Damage(Exception):
@@ -324,10 +367,12 @@ class VectorStore:
         with self._lock:
             self._rewrite(entries)
 
-    def retain(self, keep: Collection[str]) -> tuple[int, int] | None:
+    def retain(self, keep: Collection[str], rename: Mapping[str, str] | None = None) -> tuple[int, int] | None:
         """Rewrite the file with only the entries whose key is in ``keep`` (compaction), atomically
-        and durably; a file left with no entry is removed. Returns (kept, dropped), or None when the
-        file was damaged (then it is discarded, as :meth:`load` does) or missing."""
+        and durably; a file left with no entry is removed. ``rename`` (old key -> new key) re-keys
+        entries first (old-scheme keys; an entry already under the new key wins). Returns (kept,
+        dropped), or None when the file was damaged (then it is discarded, as :meth:`load` does) or
+        missing."""
         with self._lock:
             try:
                 parsed = self._read_committed()
@@ -335,7 +380,7 @@ class VectorStore:
                 raise self._write_error(exc) from exc
             if parsed is None:
                 return None
-            entries = parsed[1]
+            entries = rekeyed(parsed[1], rename or {})
             kept = {k: v for k, v in entries.items() if k in keep}
             if kept:
                 self._rewrite(kept)
