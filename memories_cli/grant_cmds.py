@@ -18,8 +18,8 @@ from .state import STATE, call, emit_json, fmt_time, notice, table
 
 grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True, rich_markup_mode=None)
 
-SCOPES = ("search", "read", "retrieve", "ask")
-DEFAULT_SCOPE = "search,read,retrieve"
+SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "forget", "forget-all")
+DEFAULT_SCOPE = "search,read,retrieve"  # write scopes (remember, forget, forget-all) only when named
 DEFAULT_TTL = "24h"
 GRANT_ENV = "MEMORIES_GRANT"
 _TTL = re.compile(r"^([1-9][0-9]{0,9})([smhd])$")
@@ -46,6 +46,8 @@ def parse_scopes(text: str) -> list[str]:
     bad = [s for s in items if s not in SCOPES]
     if bad or not items:
         raise UsageError(f"--scope takes a comma-separated list of {', '.join(SCOPES)} (default {DEFAULT_SCOPE})")
+    if "forget-all" in items:
+        items.append("forget")  # forget-all widens forget
     return [s for s in SCOPES if s in items]
 
 
@@ -71,7 +73,14 @@ def _expiry(expires: float | None) -> str:
 @grant_app.command("create")
 def create(
     vault: Annotated[str, typer.Argument(help="The vault (id or name) the grant may reach; it must be unlocked.")],
-    scope: Annotated[str, typer.Option("--scope", help="Comma-separated: search, read, retrieve, ask.")] = DEFAULT_SCOPE,
+    scope: Annotated[
+        str,
+        typer.Option(
+            "--scope",
+            help="Comma-separated scopes. Reading: search, read, retrieve, ask, context. Writing (never a default): "
+            "remember (add or revise facts), forget, forget-all (every fact, or every record of a kind; implies forget).",
+        ),
+    ] = DEFAULT_SCOPE,
     ttl: Annotated[str, typer.Option("--ttl", help="Lifetime: 90s, 30m, 8h, 7d or never.")] = DEFAULT_TTL,
     cards_only: Annotated[bool, typer.Option("--cards-only", help="Limit every tool to ingested knowledge cards.")] = False,
     label: Annotated[str, typer.Option("--label", help="A note for `grant list` (e.g. which tool uses it).")] = "",
@@ -94,6 +103,9 @@ def create(
         f"Created grant {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
         f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
     )
+    writes = [s for s in out["scopes"] if s in ("remember", "forget", "forget-all")]
+    if writes:
+        notice(f"This grant may change the vault ({', '.join(writes)}): grant write scopes only to tools you trust.")
     notice("The token is shown only now. Anyone holding it can use these scopes while the vault is unlocked;")
     notice(f"revoke it with `memories grant revoke {out['grant_id']}`.")
     print(f"token: {token}")

@@ -1,4 +1,4 @@
-"""`memories memory ...`: add, read, list, update, delete and search records."""
+"""`memories memory ...`: add, read, list, update, delete and search records; remember and forget facts."""
 
 from __future__ import annotations
 
@@ -148,15 +148,24 @@ def history(
     if STATE.json:
         emit_json(out)
         return
+    if any("text" in r for r in out["revisions"]):  # a fact: what it said at each revision
+        table(["REVISION", "UPDATED", "TEXT"], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r.get("text", "")] for r in out["revisions"]])
+        return
     table(["REVISION", "UPDATED", "TITLE"], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r["title"]] for r in out["revisions"]])
 
 
 @memory_app.command("list")
 def list_(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    kind: Annotated[str | None, typer.Option("--kind", help="Only this kind (memory, card, credential, file).")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only this kind (memory, card, fact, credential, file).")] = None,
+    category: Annotated[str | None, typer.Option("--category", help="With --kind fact: only this category (profile, preference, decision, pattern, fact).")] = None,
 ) -> None:
-    """List records, newest first."""
+    """List records, newest first. --kind fact lists the current facts with their category, key and recalls."""
+    if kind == "fact" or category is not None:
+        if kind not in (None, "fact"):
+            raise UsageError("--category goes with --kind fact")
+        _list_facts(vault, category)
+        return
     params: dict[str, Any] = {"vault": vault}
     if kind:
         params["kind"] = kind
@@ -201,3 +210,135 @@ def delete(
     """Delete a record (its sealed bytes stay in the log until `vault compact`)."""
     out = call("memory.delete", {"vault": vault, "id": record_id})
     report(out, f"Deleted {out['id']}.")
+
+
+# ---------------------------------------------------------------------------- facts
+
+CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")  # memoriesd.memory.facts.CATEGORIES
+
+
+def _list_facts(vault: str, category: str | None) -> None:
+    params: dict[str, Any] = {"vault": vault}
+    if category is not None:
+        if category not in CATEGORIES:
+            raise UsageError(f"--category takes {', '.join(CATEGORIES)}")
+        params["category"] = category
+    out = call("memory.facts", params)
+    if STATE.json:
+        emit_json(out)
+        return
+    table(
+        ["ID", "REV", "CATEGORY", "KEY", "TEXT", "RECALLS", "LAST RECALL", "UPDATED"],
+        [[f["id"], f["revision"], f["category"], f["key"] or "", f["text"], f["recalls"], fmt_time(f["last_recall"]), fmt_time(f["updated"])] for f in out["facts"]],
+    )
+
+
+@memory_app.command("remember")
+def remember(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    text: Annotated[str | None, typer.Argument(help="The fact (3-500 characters), or - to read it from stdin.")] = None,
+    category: Annotated[str, typer.Option("--category", help="profile, preference, decision, pattern or fact.")] = "fact",
+    key: Annotated[str | None, typer.Option("--key", help="What the fact is about, e.g. typescript: a later fact with the same key in the category revises it.")] = None,
+    importance: Annotated[float | None, typer.Option("--importance", help="0 to 1 (default 0.5): the more important profile facts come first in a context pack.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
+) -> None:
+    """Remember a short fact about the person. A fact that restates or revises a current fact of the same
+    category (same --key, or the same meaning) becomes a new revision of it; an exact repeat changes nothing.
+    Prints the fact's id alone on the last line."""
+    if category not in CATEGORIES:
+        raise UsageError(f"--category takes {', '.join(CATEGORIES)}")
+    body = _text_arg(text)
+    if body is None:
+        raise UsageError("give the fact as an argument, or - to read it from stdin")
+    params: dict[str, Any] = {"vault": vault, "text": body, "category": category, "tags": tag or []}
+    if key is not None:
+        params["key"] = key
+    if importance is not None:
+        params["importance"] = importance
+    out = call("memory.remember", params)
+    if STATE.json:
+        emit_json(out)
+        return
+    for n in out.get("notices", []):
+        notice(n)
+    if out["action"] == "added":
+        notice(f"Added fact {out['id']} ({out['category']}).")
+    elif out["action"] == "updated":
+        prev = out.get("previous") or {}
+        notice(f"Updated fact {out['id']} to revision {out['revision']} (it said: {safe_text(str(prev.get('text', '')))}).")
+    else:
+        notice(f"Unchanged: fact {out['id']} already says this.")
+    print(out["id"])
+
+
+def _forget_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [r["id"], r["kind"] + (" (deleted)" if r.get("deleted") else ""), r.get("category") or "", r["revisions"], r["match"], r["title"] or r["text"]]
+        for r in records
+    ]
+
+
+@memory_app.command("forget")
+def forget(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    ids: Annotated[list[str] | None, typer.Option("--id", help="A record to forget (repeatable).")] = None,
+    query: Annotated[str | None, typer.Option("--query", help="Forget by what records say (see --scope).")] = None,
+    scope: Annotated[str, typer.Option("--scope", help="With --query: specific (the best-matching record, default) or topic (every record on it).")] = "specific",
+    all_: Annotated[bool, typer.Option("--all", help="Every fact (with --kind: every record of that kind).")] = False,
+    kind: Annotated[str | None, typer.Option("--kind", help="With --all: memory, card, fact, credential or file.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be forgotten.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask (needed off a terminal).")] = False,
+) -> None:
+    """Forget records for real: every revision, their vectors, index entries and snapshots go, and the vault
+    files are rewritten so the text cannot be read back from them, even with the passphrase (see SECURITY.md
+    for what lies beyond the vault's files). Cannot be undone."""
+    if scope not in ("specific", "topic"):
+        raise UsageError("--scope takes specific or topic")
+    params: dict[str, Any] = {"vault": vault, "scope": scope}
+    if ids:
+        params["ids"] = ids
+    if query is not None:
+        params["query"] = query
+    if all_:
+        params["all"] = True
+    if kind is not None:
+        params["kind"] = kind
+    if not dry_run and not yes and not sys.stdin.isatty():
+        raise UsageError("memory forget cannot be undone and there is no terminal to ask: add --yes (or --dry-run to see what would go)")
+    if dry_run or not yes:
+        listed = call("memory.forget", {**params, "dry_run": True})
+        for n in listed.get("notices", []):
+            notice(n)
+        if dry_run or not listed["records"]:
+            if STATE.json:
+                emit_json(listed)
+            elif not listed["records"]:
+                notice("nothing to forget")
+            else:
+                table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(listed["records"]), title="would be forgotten")
+            return
+        n = len(listed["records"])
+        if STATE.json:
+            notice(f"to forget: {', '.join(r['id'] for r in listed['records'])}")
+        else:
+            table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(listed["records"]), title="to forget")
+        if not typer.confirm(f"Forget {'this record' if n == 1 else f'these {n} records'} and every revision, for good?", default=False):
+            notice("nothing was forgotten")
+            raise typer.Exit(1)
+        params = {"vault": vault, "ids": [r["id"] for r in listed["records"]]}  # exactly what was shown
+    out = call("memory.forget", params)
+    if STATE.json:
+        emit_json(out)
+        return
+    for n in out.get("notices", []):
+        notice(n)
+    if not out["records"]:
+        notice("nothing to forget")
+        return
+    table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(out["records"]), title="forgotten")
+    extra = f"; {out['preserved_files_removed']} preserved crash-recovery file(s) removed" if out.get("preserved_files_removed") else ""
+    notice(
+        f"Forgot {out['forgotten']} record(s) and {out['revisions_removed']} revision(s); vault files rewritten "
+        f"(log epoch {out['log_epoch']}, {out.get('vector_entries_dropped', 0)} sealed vectors dropped, "
+        f"lexical snapshot {out.get('lexical_snapshot', 'none')}){extra}."
+    )

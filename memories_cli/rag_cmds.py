@@ -25,6 +25,27 @@ MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all
 Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
 CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
 NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
+Kind = Annotated[list[str] | None, typer.Option("--kind", help="Only records of this kind: memory, card or fact (repeatable: any of them).")]
+Category = Annotated[list[str] | None, typer.Option("--category", help="Only facts of this category: profile, preference, decision, pattern or fact (repeatable: any of them).")]
+Tag = Annotated[list[str] | None, typer.Option("--tag", help="Only records with this tag (repeatable: every one of them).")]
+Since = Annotated[str | None, typer.Option("--since", help="Only records dated on or after this ISO date (YYYY-MM-DD): front matter date:, else the day the record was created.")]
+Until = Annotated[str | None, typer.Option("--until", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
+
+
+def _filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
+    """The request params of --kind, --category, --tag, --since and --until (the daemon validates them)."""
+    out: dict[str, Any] = {}
+    if kind:
+        out["kinds"] = kind
+    if category:
+        out["categories"] = category
+    if tag:
+        out["tags"] = tag
+    if since is not None:
+        out["since"] = since
+    if until is not None:
+        out["until"] = until
+    return out
 
 
 class Progress:
@@ -167,9 +188,16 @@ def search(
     rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
     vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
     fusion: Annotated[str | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
+    kind: Kind = None,
+    category: Category = None,
+    tag: Tag = None,
+    since: Since = None,
+    until: Until = None,
 ) -> None:
-    """Search fragments, best first, each with a citation label [S1], [S2]..."""
+    """Search fragments, best first, each with a citation label [S1], [S2]... The filters (--kind, --category,
+    --tag, --since, --until) narrow both the lexical and the vector candidates before they are ranked."""
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
+    params.update(_filters(kind, category, tag, since, until))
     if mode:
         params["mode"] = mode
     if min_score is not None:
@@ -227,6 +255,8 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
     else:
         rows.append(["model", "none: " + emb.get("hint", "")])
+    if emb.get("served_by"):  # which embedder serves this vault and why ([rag] embedding_source)
+        rows.append(["embedding", f"{emb['served_by']}: {emb.get('reason', '')}"])
     for w in out.get("watch", []):
         rows.append(["watch", _watch_line(w)])
     table(["", ""], rows)
@@ -386,11 +416,18 @@ def context(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     query: Annotated[str, typer.Argument(help="What the assistant is about to work on.")],
     budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [rag] context_budget = 1000).")] = None,
+    kind: Kind = None,
+    category: Category = None,
+    tag: Tag = None,
+    since: Since = None,
+    until: Until = None,
 ) -> None:
     """A context pack for an assistant, within a token budget: the profile and preference facts first, then
     the memories most relevant to the query (hybrid search), each labelled [S1], [S2]... and always whole.
+    The filters (--kind, --category, --tag, --since, --until) apply to every item, profile facts included.
     Prints plain text ready to paste into a prompt; --json gives the items with their token counts."""
     params: dict[str, Any] = {"vault": vault, "query": query}
+    params.update(_filters(kind, category, tag, since, until))
     if budget is not None:
         params["budget"] = budget
     out = call("rag.context", params)

@@ -160,7 +160,7 @@ def delete(
 
 @vault_app.command("compact")
 def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions, and drop their sealed vectors."""
+    """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions, and drop their sealed vectors and lexical-index rows."""
     out = call("vault.compact", {"vault": vault})
     message = f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes."
     if "vector_entries_kept" in out:

@@ -1,36 +1,113 @@
 #!/usr/bin/env python3
-"""Benchmark the local embedder and the vector index; prints one JSON object.
+"""Benchmark the local embedder against bare onnxruntime, and the vector index; prints one JSON object.
 
-- documents: SciFact abstracts cut into 768-character fragments (128 overlap), embedded as
-  ``(title, fragment)`` with length-bucketed batches and with naive fixed batches in input
-  order, in the same run (fragments/s, tokens/s, padding, ratio, and that both agree);
-- queries: single-query embedding latency p50/p95 (SciFact queries);
-- search: exact top-100 cosine over 10,000 x 768 random unit vectors, with and without a filter.
+Per set (``--set``: SciFact abstracts, XQuAD-zh Chinese paragraphs; the first ``--limit`` fragments
+of the product's 768-character fragments, 128 overlap, embedded as ``(title, fragment)``):
 
-Usage: .venv/bin/python scripts/bench_embed.py [--model-dir DIR] [--limit 1000] [--threads 2]
+- product vs bare: tokens/s and fragments/s of ``LocalEmbedder.embed_documents`` (prompt,
+  tokenizer, padding, normalisation: all the daemon runs per batch) against a bare
+  ``onnxruntime.InferenceSession`` on the same graph (``CPUExecutionProvider``, only
+  ``intra_op_num_threads`` set, to the same value) fed the same token ids, attention masks and
+  batches, built outside its timing. Paired call by call in the same run (each product call of a
+  batch is timed right next to the bare run of it, order alternating; each call's median
+  over ``--rounds``), so a busy machine slows both alike; ``ratio`` = product/bare throughput
+  (target >= 0.95), ``cpu_ratio`` the same in process CPU seconds;
+- length-bucketed vs naive fixed batches in input order (padding, speed-up, agreement);
+- ``--threads-sweep``: product and bare at ``local_threads`` 1, 2 and the core count (if > 2);
+- ``--batch-sweep``: batch token budgets, and the daemon's own call sizes (background chunks of
+  8 fragments, ``rag index`` batches of 32), each product vs bare;
+- single-query embedding latency p50/p95 (the set's queries);
+- exact top-100 cosine search over 10,000 x 768 random unit vectors, with and without a filter.
+
+Usage: .venv/bin/python scripts/bench_embed.py [--model-dir DIR] [--set scifact|xquad-zh|both]
+       [--limit 300] [--threads N] [--rounds 3] [--threads-sweep] [--batch-sweep] [--budgets 1024,...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime is imported, here or by the product
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memoriesd.embed.local import LocalEmbedder, fixed_batches, plan_batches  # noqa: E402
-from memoriesd.embed.profile import format_document  # noqa: E402
+from memoriesd.embed.local import OUTPUT_NAME, LocalEmbedder, fixed_batches, plan_batches  # noqa: E402
+from memoriesd.embed.profile import find_graph, format_document  # noqa: E402
 from memoriesd.index.vectors import VectorIndex  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 SHARED = REPO.parent / "shared"
+SETS = {
+    "scifact": SHARED / "eval" / "scifact",
+    "xquad-zh": SHARED / "eval" / "xquad-zh",
+}
+DEFAULT_BUDGETS = "1024,2048,4096,8192,16384"
+TARGET_RATIO = 0.95
+
+Plan = list[list[int]]
+
+
+@dataclass
+class Inputs:
+    """One set's inputs, tokenized once by the product (the bare session reads the same ids)."""
+
+    name: str
+    items: list[tuple[str | None, str]]
+    seqs: list[list[int]]
+    queries: list[str]
+    tokenize_s: float
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s) for s in self.seqs]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+class Bare:
+    """A bare onnxruntime session on the product's graph: nothing set but the intra-op threads."""
+
+    def __init__(self, graph: Path, threads: int) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(graph), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.token_types = "token_type_ids" in {i.name for i in self.session.get_inputs()}
+
+    def feeds(self, seqs: list[list[int]], plan: Plan, pad_id: int) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+        """Padded int64 ids and masks per batch (mask 0 on padding), as the product builds them."""
+        out = []
+        for batch in plan:
+            width = max(len(seqs[i]) for i in batch)
+            ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+            mask = np.zeros((len(batch), width), dtype=np.int64)
+            for r, i in enumerate(batch):
+                ids[r, : len(seqs[i])] = seqs[i]
+                mask[r, : len(seqs[i])] = 1
+            feed = {"input_ids": ids, "attention_mask": mask}
+            if self.token_types:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            out.append((batch, feed))
+        return out
+
+    def run(self, feeds: list[tuple[list[int], dict[str, np.ndarray]]]) -> list[np.ndarray]:
+        return [self.session.run([OUTPUT_NAME], feed)[0] for _, feed in feeds]
 
 
 def fragments(text: str) -> list[str]:
@@ -50,59 +127,147 @@ def load_items(corpus: Path, limit: int) -> list[tuple[str | None, str]]:
     return items
 
 
+def load_queries(path: Path, count: int) -> list[str]:
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line)["text"] for _, line in zip(range(count), fh, strict=False)]
+
+
+def prepare(emb: LocalEmbedder, name: str, limit: int, query_count: int) -> Inputs:
+    items = load_items(SETS[name] / "corpus.jsonl", limit)
+    texts = [format_document(emb.profile, t, f) for t, f in items]
+    t0 = time.perf_counter()
+    seqs = emb._encode(texts)  # what the model reads: prompt, BOS/EOS, truncation
+    tokenize_s = time.perf_counter() - t0
+    return Inputs(name, items, seqs, load_queries(SETS[name] / "queries.jsonl", query_count), tokenize_s)
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-def padded_tokens(lengths: list[int], batches: list[list[int]]) -> int:
+def padded_tokens(lengths: list[int], batches: Plan) -> int:
     return sum(len(b) * max(lengths[i] for i in b) for b in batches)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", type=Path, default=SHARED / "models" / "all-MiniLM-L6-v2-onnx")
-    ap.add_argument("--corpus", type=Path, default=SHARED / "eval" / "scifact" / "corpus.jsonl")
-    ap.add_argument("--queries", type=Path, default=SHARED / "eval" / "scifact" / "queries.jsonl")
-    ap.add_argument("--limit", type=int, default=1000, help="fragments to embed")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--batch-tokens", type=int, default=8192)
-    ap.add_argument("--naive-batch", type=int, default=32)
-    ap.add_argument("--query-count", type=int, default=50)
-    args = ap.parse_args()
+def rate(inp: Inputs, seconds: float, cpu_seconds: float | None = None) -> dict[str, float]:
+    out = {
+        "seconds": round(seconds, 3),
+        "fragments_per_s": round(len(inp.items) / seconds, 2),
+        "tokens_per_s": round(inp.tokens / seconds, 1),
+    }
+    if cpu_seconds is not None:  # CPU seconds of the whole process (all its threads) during the calls
+        out["cpu_seconds"] = round(cpu_seconds, 3)
+        out["tokens_per_cpu_s"] = round(inp.tokens / max(1e-9, cpu_seconds), 1)
+    return out
 
-    t0 = time.perf_counter()
-    emb = LocalEmbedder(args.model_dir, threads=args.threads)
-    load_s = time.perf_counter() - t0
-    items = load_items(args.corpus, args.limit)
-    texts = [format_document(emb.profile, t, f) for t, f in items]
-    lengths = [len(s) for s in emb._encode(texts)]  # tokens the model reads
-    real_tokens = sum(lengths)
-    emb.embed_documents(items[:16])  # warm-up
 
-    # Naive: fixed batches in input order (benchmark-only path through the private runner).
-    naive_plan = fixed_batches(len(texts), args.naive_batch)
-    t0 = time.perf_counter()
-    naive = emb._embed_texts(texts, lambda _lengths: naive_plan)
-    naive_s = time.perf_counter() - t0
+def budget_calls(lengths: list[int], budget: int) -> Plan:
+    """One call per length-bucketed batch: embedding them one call each runs exactly these batches."""
+    return plan_batches(lengths, budget)
 
-    bucket_plan = plan_batches(lengths, args.batch_tokens)
-    t0 = time.perf_counter()
-    bucketed = emb.embed_documents(items, batch_tokens=args.batch_tokens)
-    bucket_s = time.perf_counter() - t0
-    agreement = float(np.min(np.sum(naive * bucketed, axis=1)))
 
-    queries: list[str] = []
-    if args.queries.is_file():
-        with args.queries.open(encoding="utf-8") as fh:
-            queries = [json.loads(line)["text"] for _, line in zip(range(args.query_count), fh, strict=False)]
-    queries = queries or ["what is the effect of a drug on blood pressure"] * args.query_count
+def chunk_calls(count: int, chunk: int) -> Plan:
+    """Consecutive slices of ``chunk`` fragments: how the daemon calls the embedder."""
+    return [list(range(i, min(i + chunk, count))) for i in range(0, count, chunk)]
+
+
+def compare(emb: LocalEmbedder, bare: Bare, inp: Inputs, calls: Plan, budget: int, rounds: int) -> dict[str, Any]:
+    """Product vs bare, paired call by call.
+
+    Each call is one ``embed_documents`` of those fragments (the product plans its batches with
+    ``budget``); the bare session runs the same batches of the same ids right before or after it
+    (the order alternates), so a busy machine slows both alike. Each call's median over the rounds
+    counts: on a shared machine a call's time varies by +-30% both ways, which the best round
+    (the usual choice on an idle machine) turns into a biased sum of lucky outliers.
+    ``cpu_ratio`` compares process CPU seconds, which a busy machine disturbs less than wall time.
+    """
+    lengths = inp.lengths
+    plans = [[[call[i] for i in b] for b in plan_batches([lengths[i] for i in call], budget)] for call in calls]
+    feeds = [bare.feeds(inp.seqs, plan, emb._pad_id) for plan in plans]
+    # Warm-up with the widest call, so neither side grows its memory arena inside the timing.
+    widest = max(range(len(calls)), key=lambda k: padded_tokens(lengths, plans[k]))
+    emb.embed_documents([inp.items[i] for i in calls[widest]], batch_tokens=budget)
+    bare.run(feeds[widest])
+    wall: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
+    cpu: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
+    vecs = np.empty((len(inp.items), emb.dimensions), dtype=np.float32)
+    bare_vecs = np.empty_like(vecs)
+    outs: list[np.ndarray] = []
+    for r in range(rounds):
+        for k, call in enumerate(calls):
+            for side in ("product", "bare") if (r + k) % 2 == 0 else ("bare", "product"):
+                c0, t0 = time.process_time(), time.perf_counter()
+                if side == "product":
+                    vecs[call] = emb.embed_documents([inp.items[i] for i in call], batch_tokens=budget)
+                else:
+                    outs = bare.run(feeds[k])
+                wall[side][k].append(time.perf_counter() - t0)
+                cpu[side][k].append(time.process_time() - c0)
+            for (batch, _), out in zip(feeds[k], outs, strict=True):
+                raw = out[:, : emb.dimensions]
+                bare_vecs[batch] = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    p_s, b_s = (sum(statistics.median(t) for t in wall[side]) for side in ("product", "bare"))
+    p_cpu, b_cpu = (sum(statistics.median(t) for t in cpu[side]) for side in ("product", "bare"))
+    return {
+        "calls": len(calls),
+        "batches": sum(len(p) for p in plans),
+        "padded_tokens": sum(padded_tokens(lengths, p) for p in plans),
+        "product": rate(inp, p_s, p_cpu),
+        "bare": rate(inp, b_s, b_cpu),
+        "ratio": round(b_s / p_s, 3),
+        "cpu_ratio": round(b_cpu / max(1e-9, p_cpu), 3),
+        "min_cosine_product_vs_bare": round(float(np.min(np.sum(vecs * bare_vecs, axis=1))), 6),
+    }
+
+
+def budget_run(emb: LocalEmbedder, bare: Bare, inp: Inputs, budget: int, rounds: int) -> dict[str, Any]:
+    return compare(emb, bare, inp, budget_calls(inp.lengths, budget), budget, rounds)
+
+
+def chunk_run(emb: LocalEmbedder, bare: Bare, inp: Inputs, chunk: int, budget: int, rounds: int) -> dict[str, Any]:
+    return compare(emb, bare, inp, chunk_calls(len(inp.items), chunk), budget, rounds)
+
+
+def naive_vs_bucketed(emb: LocalEmbedder, inp: Inputs, budget: int, naive_batch: int, rounds: int) -> dict[str, Any]:
+    """The product's fixed batches in input order against its length-bucketed ones, whole passes
+    alternating (median of ``rounds`` each)."""
+    texts = [format_document(emb.profile, t, f) for t, f in inp.items]
+    naive_plan = fixed_batches(len(texts), naive_batch)
+    times: dict[str, list[float]] = {"naive": [], "bucketed": []}
+    naive = bucketed = np.empty(0)
+    for r in range(rounds):
+        for side in ("naive", "bucketed") if r % 2 == 0 else ("bucketed", "naive"):
+            t0 = time.perf_counter()
+            if side == "naive":
+                naive = emb._embed_texts(texts, lambda _lengths: naive_plan)
+            else:
+                bucketed = emb.embed_documents(inp.items, batch_tokens=budget)
+            times[side].append(time.perf_counter() - t0)
+    mid = {side: statistics.median(t) for side, t in times.items()}
+    return {
+        "naive_batch_size": naive_batch,
+        "naive": {**rate(inp, mid["naive"]), "batches": len(naive_plan),
+                  "padded_tokens": padded_tokens(inp.lengths, naive_plan)},
+        "bucketed": {**rate(inp, mid["bucketed"]), "batch_tokens": budget},
+        "speedup_bucketed_vs_naive": round(mid["naive"] / mid["bucketed"], 2),
+        "min_cosine_bucketed_vs_naive": round(float(np.min(np.sum(naive * bucketed, axis=1))), 6),
+    }
+
+
+def query_latency(emb: LocalEmbedder, queries: list[str]) -> dict[str, float]:
+    queries = queries or ["what is the effect of a drug on blood pressure"] * 50
     emb.embed_queries(queries[:2])
-    q_ms = []
+    ms = []
     for q in queries:
         t0 = time.perf_counter()
         emb.embed_queries([q])
-        q_ms.append((time.perf_counter() - t0) * 1000)
+        ms.append((time.perf_counter() - t0) * 1000)
+    return {"n": len(ms), "p50": round(statistics.median(ms), 2), "p95": round(pct(ms, 95), 2)}
 
+
+def vector_search() -> dict[str, float]:
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal((10_000, 768)).astype(np.float32)
     index = VectorIndex.build(list(range(10_000)), matrix)
@@ -116,40 +281,130 @@ def main() -> None:
         t0 = time.perf_counter()
         index.search(p, 100, allowed=allowed)
         f_ms.append((time.perf_counter() - t0) * 1000)
+    return {
+        "p50": round(statistics.median(s_ms), 3),
+        "p95": round(pct(s_ms, 95), 3),
+        "filtered_1000_p50": round(statistics.median(f_ms), 3),
+    }
 
+
+def describe(inp: Inputs, emb: LocalEmbedder) -> dict[str, Any]:
+    lengths = inp.lengths
+    return {
+        "fragments": len(inp.items),
+        "tokens": inp.tokens,
+        "mean_tokens_per_fragment": round(inp.tokens / max(1, len(lengths)), 1),
+        "max_tokens_per_fragment": max(lengths, default=0),
+        "truncated_fragments": sum(1 for n in lengths if n >= emb.max_tokens),
+        "tokenize_seconds": round(inp.tokenize_s, 3),
+    }
+
+
+def load(model_dir: Path, threads: int) -> tuple[LocalEmbedder, Bare, float]:
+    t0 = time.perf_counter()
+    emb = LocalEmbedder(model_dir, threads=threads)
+    load_s = time.perf_counter() - t0
+    graph = find_graph(model_dir)
+    assert graph is not None
+    return emb, Bare(graph, threads), load_s
+
+
+def daemon_call_sizes() -> list[tuple[int, str]]:
+    """Fragments per embedder call in the daemon: background chunks, `rag index` batches.
+
+    Imported lazily: those modules pull in the whole index stack, which this benchmark needs
+    for nothing else (8 and 32 when it cannot be imported; the JSON says so)."""
+    try:
+        from memoriesd.indexing.background import CHUNK_FRAGMENTS
+        from memoriesd.rag.vectors import BATCH_FRAGMENTS
+    except ImportError:
+        return [(8, "background indexing (assumed 8)"), (32, "rag index (assumed 32)")]
+    return [(CHUNK_FRAGMENTS, "background indexing"), (BATCH_FRAGMENTS, "rag index")]
+
+
+def sweep_threads(cores: int) -> list[int]:
+    return sorted({1, min(2, cores), cores})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", type=Path, default=SHARED / "models" / "all-MiniLM-L6-v2-onnx")
+    ap.add_argument("--set", choices=["scifact", "xquad-zh", "both"], default="both", dest="which")
+    ap.add_argument("--limit", type=int, default=300, help="fragments per set (default 300)")
+    cores = os.cpu_count() or 1
+    ap.add_argument("--threads", type=int, default=min(4, cores),
+                    help="local_threads for the main comparison (default: the product's, min(4, cores))")
+    ap.add_argument("--batch-tokens", type=int, default=8192, help="batch token budget (the product's default)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per side and setting (median counts)")
+    ap.add_argument("--threads-sweep", action="store_true", help="also local_threads 1, 2 and the core count")
+    ap.add_argument("--batch-sweep", action="store_true", help="also --budgets and the daemon's call sizes")
+    ap.add_argument("--budgets", default=DEFAULT_BUDGETS, help=f"batch token budgets to sweep ({DEFAULT_BUDGETS})")
+    ap.add_argument("--naive-batch", type=int, default=32)
+    ap.add_argument("--query-count", type=int, default=50)
+    args = ap.parse_args()
+    threads = max(1, min(args.threads, cores))
+    rounds = max(1, args.rounds)
+    names = list(SETS) if args.which == "both" else [args.which]
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+
+    emb, bare, load_s = load(args.model_dir, threads)
+    inputs = {name: prepare(emb, name, args.limit, args.query_count) for name in names}
+    sets: dict[str, dict[str, Any]] = {}
+    for name, inp in inputs.items():
+        main_run = budget_run(emb, bare, inp, args.batch_tokens, rounds)
+        res: dict[str, Any] = {**describe(inp, emb), "batch_tokens": args.batch_tokens, **main_run}
+        res["bucketed_vs_naive"] = naive_vs_bucketed(emb, inp, args.batch_tokens, args.naive_batch, rounds)
+        if args.batch_sweep:
+            sweep: list[dict[str, Any]] = []
+            for budget in sorted({int(b) for b in args.budgets.split(",") if b.strip()}):
+                run = main_run if budget == args.batch_tokens else budget_run(emb, bare, inp, budget, rounds)
+                sweep.append({"batch_tokens": budget, **run})
+            for chunk, who in daemon_call_sizes():
+                run = chunk_run(emb, bare, inp, chunk, args.batch_tokens, rounds)
+                sweep.append({"calls_of_fragments": chunk, "as_in": who, "batch_tokens": args.batch_tokens, **run})
+            res["batch_sweep"] = sweep
+        res["query_latency_ms"] = query_latency(emb, inp.queries)
+        sets[name] = res
+
+    if args.threads_sweep:
+        for name in names:
+            sets[name]["threads_sweep"] = []
+        for t in sweep_threads(cores):
+            if t != threads:
+                del emb, bare
+                gc.collect()
+                emb, bare, _ = load(args.model_dir, t)
+            for name, inp in inputs.items():
+                run = sets[name] if t == threads else budget_run(emb, bare, inp, args.batch_tokens, rounds)
+                sets[name]["threads_sweep"].append({"threads": t, **{k: run[k] for k in ("product", "bare", "ratio", "cpu_ratio")}})
+        for name in names:
+            rows = sets[name]["threads_sweep"]
+            one = next(r for r in rows if r["threads"] == 1)
+            for r in rows:
+                r["product_speedup_vs_1"] = round(r["product"]["tokens_per_s"] / one["product"]["tokens_per_s"], 2)
+                r["bare_speedup_vs_1"] = round(r["bare"]["tokens_per_s"] / one["bare"]["tokens_per_s"], 2)
+
+    ratios = [sets[n]["ratio"] for n in names]
     print(json.dumps({
         "model_dir": str(args.model_dir),
         "identity": emb.identity[:16],
         "dimensions": emb.dimensions,
         "max_tokens": emb.max_tokens,
-        "threads": min(args.threads, os.cpu_count() or 1),
+        "cores": cores,
+        "threads": threads,
+        "rounds": rounds,
+        "nice": os.nice(0),
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "load_seconds": round(load_s, 3),
-        "fragments": len(items),
-        "tokens": real_tokens,
-        "mean_tokens_per_fragment": round(real_tokens / max(1, len(items)), 1),
-        "bucketed": {
-            "seconds": round(bucket_s, 3),
-            "fragments_per_s": round(len(items) / bucket_s, 1),
-            "tokens_per_s": round(real_tokens / bucket_s, 1),
-            "batches": len(bucket_plan),
-            "padded_tokens": padded_tokens(lengths, bucket_plan),
+        "sets": sets,
+        "product_vs_bare": {
+            "target_ratio": TARGET_RATIO,
+            "min_ratio": min(ratios),
+            "meets_target": min(ratios) >= TARGET_RATIO,
         },
-        "naive": {
-            "seconds": round(naive_s, 3),
-            "batch_size": args.naive_batch,
-            "fragments_per_s": round(len(items) / naive_s, 1),
-            "tokens_per_s": round(real_tokens / naive_s, 1),
-            "batches": len(naive_plan),
-            "padded_tokens": padded_tokens(lengths, naive_plan),
-        },
-        "speedup_bucketed_vs_naive": round(naive_s / bucket_s, 2),
-        "min_cosine_bucketed_vs_naive": round(agreement, 6),
-        "query_latency_ms": {"n": len(q_ms), "p50": round(statistics.median(q_ms), 2), "p95": round(pct(q_ms, 95), 2)},
-        "vector_search_10000x768_top100_ms": {
-            "p50": round(statistics.median(s_ms), 3),
-            "p95": round(pct(s_ms, 95), 3),
-            "filtered_1000_p50": round(statistics.median(f_ms), 3),
-        },
+        "vector_search_10000x768_top100_ms": vector_search(),
+        "wall_seconds": round(time.perf_counter() - started, 1),
     }, indent=2))
 
 

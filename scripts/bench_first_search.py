@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Time to the first vector search after unlock: sealed vectors reloaded vs re-embedding.
+"""Time to the first search after unlock: sealed vectors reloaded vs re-embedding, and the sealed
+lexical snapshot restored vs the BM25 index rebuilt.
 
-Prints one JSON object on stdout (progress on stderr). Through a real daemon on a throw-away home:
+Prints one JSON object on stdout (progress on stderr). Through a real daemon on a throw-away home.
+
+Vector part (skip with ``--skip-vector``):
 
 1. builds a vault of ``--fragments`` records with ``memory.add``, each one fragment (a SciFact
    abstract cut to 600 characters plus a serial number, so no two share a fingerprint);
@@ -15,7 +18,28 @@ Prints one JSON object on stdout (progress on stderr). Through a real daemon on 
 
 The daemon's ``on_demand_embed_limit`` is 0 here, so a search never embeds silently.
 
+Lexical part, ``"lexical"`` (skip with ``--skip-lexical``), for each size of ``--lexical-fragments``
+(default 10,000 and 100,000), on its own daemon with the default (strong) KDF and no model:
+
+1. writes SciFact abstracts as Markdown files (``# title (copy n)`` + text), repeated until the
+   fragment count is reached, and ``rag ingest``s the folder (the user's path); the first BM25
+   search builds the index, then the background writer seals the snapshot (waited for);
+2. ``--repeats`` cycles of: lock, unlock, first ``rag.search --mode bm25`` with the snapshot
+   (``snapshot``), then lock, delete ``lexical-index.bin``, unlock, first search (``cold``: the
+   index is rebuilt from the records, as before the snapshot existed). ``unlock_to_first_result``
+   is the unlock request plus the first search; each cycle checks in the daemon log that the
+   snapshot was (or was not) the source. ``lock_seconds`` shows what lock costs when it writes;
+3. ``catch_up``: 100 more notes ingested while unlocked, lock (too few changes to rewrite the
+   snapshot), unlock, first search: the snapshot plus those records applied incrementally;
+4. ``cli``: the same as a user types it, ``memories vault unlock`` then ``memories rag search``,
+   one process each, with the snapshot and cold;
+5. ``search_speed``: BM25 ``any`` over the SciFact queries (full claims, and their first three
+   words), p50/p95 of the daemon's own ``total_ms`` and of the socket round trip, warm index; and
+   the p50 of 30 ``memories rag search`` processes against the daemon p50 plus ``memories --help``
+   (the CLI's own start).
+
     .venv/bin/python scripts/bench_first_search.py [--fragments 10000] [--reembed measure|extrapolate]
+        [--skip-vector] [--skip-lexical] [--lexical-fragments 10000,100000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -34,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
+from lexical_first_search import lexical_bench  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 QUERY = "protein folding in the endoplasmic reticulum"
@@ -78,19 +103,8 @@ def relock(conn: Conn, vid: str, home: Path, *, drop_vectors: bool) -> dict[str,
     return {"unlock_seconds": round(time.perf_counter() - t0, 3), "sidecars_removed": removed}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fragments", type=int, default=10000)
-    ap.add_argument("--model-dir", default=str(SHARED / "models" / "all-MiniLM-L6-v2-onnx"))
-    ap.add_argument("--reembed", choices=["measure", "extrapolate"], default="measure")
-    args = ap.parse_args()
-    docs = load_jsonl(SHARED / "eval" / "scifact" / "corpus.jsonl")
-    result: dict[str, Any] = {
-        "requested_fragments": args.fragments,
-        "model_dir": args.model_dir,
-        "cpus": os.cpu_count(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-    }
+def vector_bench(args: argparse.Namespace, docs: list[dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {"requested_fragments": args.fragments, "model_dir": args.model_dir}
     work = Path(tempfile.mkdtemp(prefix="mbf", dir="/tmp"))
     home = work / "h"
     proc = start_daemon(home, args.model_dir, args.fragments)
@@ -149,6 +163,41 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
         shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fragments", type=int, default=10000)
+    ap.add_argument("--model-dir", default=str(SHARED / "models" / "all-MiniLM-L6-v2-onnx"))
+    ap.add_argument("--reembed", choices=["measure", "extrapolate"], default="measure")
+    ap.add_argument("--skip-vector", action="store_true", help="only the lexical part")
+    ap.add_argument("--skip-lexical", action="store_true", help="only the vector part")
+    ap.add_argument("--lexical-fragments", default="10000,100000", help="comma-separated vault sizes (fragments)")
+    ap.add_argument("--repeats", type=int, default=3, help="lock/unlock cycles per case (lexical)")
+    args = ap.parse_args()
+    docs = load_jsonl(SHARED / "eval" / "scifact" / "corpus.jsonl")
+    result: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    if not args.skip_vector:
+        result.update(vector_bench(args, docs))
+    if not args.skip_lexical:
+        queries = [q["text"] for q in load_jsonl(SHARED / "eval" / "scifact" / "queries.jsonl")]
+        result["lexical"] = {}
+        for size in [int(x) for x in args.lexical_fragments.split(",") if x.strip()]:
+            result["lexical"][str(size)] = lexical_bench(size, docs, queries, repeats=args.repeats, log=log)
+        sizes = sorted(result["lexical"], key=int)
+        if len(sizes) > 1:
+            small, big = result["lexical"][sizes[0]], result["lexical"][sizes[-1]]
+            result["lexical_growth"] = {
+                "fragments_ratio": round(big["fragments"] / small["fragments"], 1),
+                "snapshot_unlock_to_first_result_ratio": round(
+                    big["snapshot"]["unlock_to_first_result_seconds"] / small["snapshot"]["unlock_to_first_result_seconds"], 2),
+                "bm25_any_p50_ratio": round(
+                    big["search_speed"]["claims"]["daemon_total_ms_p50"] / small["search_speed"]["claims"]["daemon_total_ms_p50"], 2),
+            }
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
 

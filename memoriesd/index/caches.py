@@ -4,6 +4,10 @@ A :class:`VaultIndex` is built from an unlocked vault's searchable records on fi
 (keyed fingerprints), the BM25 index and, when an embedder is active, the vector index. It follows
 the vault's ``generation``: a change re-indexes only the records whose revision changed. Lock and
 daemon restart drop it (see :class:`IndexCache`).
+
+The lexical part is kept at rest as a sealed snapshot (:mod:`memoriesd.index.keeper`): the first
+build after unlock restores it and applies only the records changed since, instead of
+re-fragmenting and re-segmenting the whole vault.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
+from ..errors import Cancelled, CapExceeded, MemoriesError
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
+from ..vault.format import Head
 from ..vault.live import LiveVault
 from ..vault.records import Record
 from ..vault.store import VaultStore
 from .bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes
+from .keeper import SnapshotKeeper
+from .snapshot import remove_snapshot, snapshot_path
 
 log = logging.getLogger("memoriesd.index")
 
@@ -49,6 +57,12 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
     if not frags and rec.title.strip():
         # A title-only record: one empty fragment so its title and metadata are searchable.
         frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
+    return doc_from_record(rec, tuple(frags))
+
+
+def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
+    """The indexed view of a record revision with the given fragments (from :func:`index_doc`,
+    or from a snapshot's byte ranges)."""
     source = rec.meta.get("path") or None
     return IndexedDoc(
         record_id=rec.id,
@@ -57,7 +71,7 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
         title=rec.title,
         meta_text=meta_text(rec),
         source=str(source) if source else None,
-        fragments=tuple(frags),
+        fragments=fragments,
     )
 
 
@@ -91,16 +105,29 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
 class VaultIndex:
     """Search state of one unlocked vault (see module docstring). Guarded by ``self.lock``."""
 
-    def __init__(self, store: VaultStore, cache_cfg: CacheConfig, on_close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: VaultStore,
+        cache_cfg: CacheConfig,
+        on_close: Callable[[], None] | None = None,
+        *,
+        keep_snapshot: bool = True,
+        is_open: Callable[[], bool] | None = None,
+    ) -> None:
         self.store = store
         self._on_close = on_close
+        self._is_open = is_open  # False once the vault started closing (lock): long steps stop
         self.vault_id = store.vault_id
         self.cache_cfg = cache_cfg
         self.lock = threading.RLock()
         self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
         self._docs: dict[str, IndexedDoc] = {}
         self.generation = -1
+        self._n_frags = 0
+        self.head: Head | None = None  # the vault head the index reflects (what a snapshot is bound to)
         self.bm25: BM25Index | None = None
+        self.keeper: SnapshotKeeper | None = SnapshotKeeper(store, self) if keep_snapshot else None
+        self._restore_tried = False
         self.vectors: Any = None  # a VectorSpace (see memoriesd.rag.vectors) for the active embedder
         self.source_bytes = 0
         self.closed = False
@@ -117,11 +144,21 @@ class VaultIndex:
         with self.lock:
             if self.closed:  # never rebuild plaintext after close (lock, eviction)
                 raise crypto.KeyWiped("the index was closed (the vault was locked)")
+            restored = False
+            if self.bm25 is None and self.keeper is not None and not self._restore_tried:
+                self._restore_tried = True
+                got = self.keeper.restore(doc_from_record)
+                if got is not None:
+                    self.bm25, self._docs, self.head = got
+                    self._n_frags = self.bm25.stats.fragments
+                    self.source_bytes = self.bm25.stats.source_bytes
+                    restored = True
             store = self.store
             with store.lock:
                 gen = store.generation
                 if gen == self.generation and self.bm25 is not None:
                     return False
+                head = store.head
                 current = {r.id: r for r in store.latest() if r.searchable}
             changed = [r for rid, r in current.items() if rid not in self._docs or self._docs[rid].revision != r.revision]
             removed = [rid for rid in self._docs if rid not in current]
@@ -131,9 +168,17 @@ class VaultIndex:
             for rid in removed:
                 docs_after.pop(rid, None)
             docs_after.update(new_docs)
-            n_frags = sum(len(d.fragments) for d in docs_after.values())
-            size = sum(doc_source_bytes(d) for d in docs_after.values())
-            check_caps(n_frags, size, self.cache_cfg)
+            # Counted from the change alone: a refresh costs what changed, not the whole vault.
+            old = [self._docs[rid] for rid in removed] + [self._docs[r.id] for r in changed if r.id in self._docs]
+            n_frags = self._n_frags - sum(len(d.fragments) for d in old) + sum(len(d.fragments) for d in new_docs.values())
+            size = self.source_bytes - sum(doc_source_bytes(d) for d in old) + sum(doc_source_bytes(d) for d in new_docs.values())
+            try:
+                check_caps(n_frags, size, self.cache_cfg)
+            except CapExceeded:
+                if self.generation < 0 and self.bm25 is not None:  # a restored index is not kept over the caps
+                    self.bm25.close()
+                    self.bm25, self._docs, self._n_frags, self.source_bytes = None, {}, 0, 0
+                raise
             if self.bm25 is None:
                 self.bm25 = BM25Index(list(docs_after.values()))
             else:
@@ -147,8 +192,16 @@ class VaultIndex:
                 if new_docs:
                     self.bm25.add(list(new_docs.values()))
             self._docs = docs_after
+            self._n_frags = n_frags
             self.source_bytes = size
             self.generation = gen
+            self.head = head
+            if self.keeper is not None:
+                if restored:
+                    self.keeper.caught_up(len(changed), len(removed))
+                elif self.keeper.info.get("source") is None:
+                    self.keeper.info["source"] = "built"
+                self.keeper.start()
             if self.vectors is not None:
                 self.vectors.attach(self)
             return True
@@ -174,21 +227,71 @@ class VaultIndex:
         return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
 
     def n_fragments(self) -> int:
-        return sum(len(d.fragments) for d in self._docs.values())
+        return self._n_frags
+
+    def check_open(self) -> None:
+        """Between the steps of a long build: ``cancelled`` once the vault started closing, so lock
+        never waits for a restore to finish."""
+        if self.closed or (self._is_open is not None and not self._is_open()):
+            raise Cancelled(f"vault {self.store.name} was locked: the operation was cancelled")
+
+    @property
+    def snapshot_info(self) -> dict[str, Any]:
+        """Where the lexical index came from (``source``: snapshot or built) and what was written."""
+        return dict(self.keeper.info) if self.keeper is not None else {"source": "built"}
 
     def close(self) -> None:
+        if self.keeper is not None:
+            # First, without self.lock: it stops the background writer (which takes self.lock) and
+            # writes once more if due, while the keys are still valid.
+            self.keeper.close()
         with self.lock:
             self.closed = True
             if self.bm25 is not None:
                 self.bm25.close()
             self.bm25 = None
             self._docs = {}
+            self._n_frags = 0
             if self.vectors is not None:
                 self.vectors.close()
             self.vectors = None
             crypto.wipe(self._fp_key)
         if self._on_close is not None:
             self._on_close()
+
+
+def restore_after_unlock(engine: Any, vault_id: str) -> None:
+    """Right after unlock, restore the vault's lexical snapshot in a background thread (when it has
+    one), so that the first search finds the index loaded, or loading, instead of starting then.
+
+    Holds a background lease (lock waits for it like for any operation; auto-lock does not count
+    it as use). Never builds an index from scratch here: without a snapshot nothing happens.
+    """
+    live = engine.app.vaults.live(vault_id)
+    if live is None or not snapshot_path(live.store.dir).exists():
+        return
+
+    def run() -> None:
+        try:
+            live.acquire(touch=False)
+        except MemoriesError:
+            return
+        try:
+            engine.vault_index(live.store)
+        except Exception as exc:  # noqa: BLE001 - the first search reports whatever this hit
+            log.info("vault %s: the lexical index was not restored at unlock (%s)", vault_id, type(exc).__name__)
+        finally:
+            live.release(touch=False)
+
+    threading.Thread(target=run, name=f"memoriesd-restore-{vault_id}", daemon=True).start()
+
+
+def compact_lexical(store: VaultStore, vault_index: VaultIndex | None) -> dict[str, str]:
+    """After ``vault compact``: the lexical snapshot is rewritten from the purged index bound to the
+    new head, or removed (a snapshot of the old log may hold rows of what compaction dropped)."""
+    if vault_index is not None and vault_index.keeper is not None and not vault_index.closed:
+        return {"lexical_snapshot": vault_index.keeper.after_compaction()}
+    return {"lexical_snapshot": "removed" if remove_snapshot(store.dir) else "none"}
 
 
 class IndexCache:
@@ -213,7 +316,9 @@ class IndexCache:
                 if self._items.get(live.vault_id) is live:
                     del self._items[live.vault_id]
 
-        idx = live.attachment(INDEX, lambda: VaultIndex(live.store, self.cfg, on_close=forget))
+        idx = live.attachment(
+            INDEX, lambda: VaultIndex(live.store, self.cfg, on_close=forget, is_open=lambda: live.is_open)
+        )
         victims: list[LiveVault] = []
         with self._lock:
             self._items[live.vault_id] = live

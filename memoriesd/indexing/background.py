@@ -100,7 +100,7 @@ class BackgroundIndexer:
 
     def enabled(self) -> bool:
         rag = self.engine.config.rag
-        return bool(rag.background_index) and not rag.embedding.configured and self.engine.local_model_present()
+        return bool(rag.background_index) and self.engine.embedding_source()[0] == "local"
 
     def request(self, vault_id: str, *, first: bool = False) -> None:
         """Queue ``vault_id`` (``first``: ahead of the others, for `rag index`)."""

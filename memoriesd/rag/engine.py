@@ -68,6 +68,9 @@ class RagEngine:
         from ..indexing import BackgroundIndexer
 
         self.background = BackgroundIndexer(app, self)
+        from ..index.caches import restore_after_unlock
+
+        app.vaults.on_unlock(lambda vault_id: restore_after_unlock(self, vault_id))
         from .query_cache import QueryCache
 
         # Query vectors in memory only; a vault's entries go when it locks.

@@ -1,9 +1,11 @@
 """`rag ingest`: UTF-8/Markdown files (or stdin text) into encrypted knowledge cards.
 
 A file's resolved absolute path (safe metadata ``source``) is its card's identity: an unchanged
-file is a no-op, a changed file a new revision of the same card. Records are made durable in
-groups (one fsync + head commit per group); a file is reported only once its group is durable,
-so an interrupted ingest leaves every reported file in the vault and no partial card.
+file is a no-op, a changed file a new revision of the same card, and a new path whose bytes are
+those of a card whose file is gone is that file moved or renamed: the card keeps its id. Records
+are made durable in groups (one fsync + head commit per group); a file is reported only once its
+group is durable, so an interrupted ingest leaves every reported file in the vault and no partial
+card.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class IngestRequest:
     private: bool = False
     prune: bool = False
     text: str | None = None  # stdin content (needs title, never deduplicated)
+    base: str | None = None  # a folder the shown paths of named files are relative to (a watched folder)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class IngestReport:
     added: int = 0
     updated: int = 0
     unchanged: int = 0
+    moved: int = 0  # cards re-pointed to the new path of their moved or renamed (unchanged) file
     pruned: int = 0
     refused: list[dict[str, str]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -48,6 +52,7 @@ class IngestReport:
             "added": self.added,
             "updated": self.updated,
             "unchanged": self.unchanged,
+            "moved": self.moved,
             "pruned": self.pruned,
             "refused": self.refused,
             "records": self.records,
@@ -95,10 +100,11 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
             raise UsageError("ingest paths must be absolute (the CLI resolves them)")
     keys = PathKeys()
     files, problems = discover(roots, recursive=req.recursive, keys=keys)
-    dir_roots = [r for r in roots if r.is_dir()]
+    dir_roots = [r for r in roots if r.is_dir()] + ([Path(req.base)] if req.base else [])
     for path, why in problems:
         report.refused.append({"path": str(path), "message": why})
     existing = _cards_by_source(store)
+    moves = _Moves(existing)
     total = len(files)
     pending: list[tuple[Record, str, str]] = []
     pending_bytes = 0
@@ -115,6 +121,8 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         for rec, status, shown in pending:
             if status == "added":
                 report.added += 1
+            elif status == "moved":
+                report.moved += 1
             else:
                 report.updated += 1
             report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown})
@@ -149,11 +157,15 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         meta = {k: v for k, v in parsed.meta.items() if k != "tags"}
         meta.update({"source": resolved, "path": shown, "sha256": digest})
         prev = existing.get(resolved)
-        if prev is not None and prev.meta.get("sha256") == digest and prev.title == parsed.title and prev.tags == tags and prev.private == req.private:
+        status = "added" if prev is None else "updated"
+        if prev is None and (prev := moves.take(digest)) is not None:
+            status = "moved"
+        elif prev is not None and prev.meta.get("sha256") == digest and prev.title == parsed.title and prev.tags == tags and prev.private == req.private:
             report.unchanged += 1
             continue
-        rec = _card(prev, parsed.title, parsed.body, tags, req.private, meta)
-        pending.append((rec, "added" if prev is None else "updated", shown))
+        private = req.private or (status == "moved" and prev is not None and prev.private)  # a move keeps a card private
+        rec = _card(prev, parsed.title, parsed.body, tags, private, meta)
+        pending.append((rec, status, shown))
         pending_bytes += len(data)
         if len(pending) >= GROUP_FILES or pending_bytes >= GROUP_BYTES:
             flush()
@@ -176,6 +188,27 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         report.pruned = len(gone)
     ctx.send_progress({"done": total, "total": total, "durable": []})
     return report
+
+
+class _Moves:
+    """Cards whose source file is gone, by content digest (built on first use): a new file with the
+    same bytes is that card's file moved or renamed, so the card keeps its id and is re-pointed."""
+
+    def __init__(self, cards: dict[str, Record]) -> None:
+        self._cards = cards
+        self._by_digest: dict[str, list[Record]] | None = None
+
+    def take(self, digest: str) -> Record | None:
+        if self._by_digest is None:
+            self._by_digest = {}
+            for rec in self._cards.values():
+                if rec.meta.get("sha256"):
+                    self._by_digest.setdefault(str(rec.meta["sha256"]), []).append(rec)
+        candidates = self._by_digest.get(digest, [])
+        for i, rec in enumerate(candidates):
+            if not os.path.exists(str(rec.meta["source"])):
+                return candidates.pop(i)  # claimed: a second copy of the same bytes is a new card
+        return None
 
 
 def _rebase(store: VaultStore, rec: Record) -> Record:

@@ -4,20 +4,22 @@ Constraints hold in every mode: ``match_mode`` all/phrase filters vector and hyb
 through the BM25 index; ``cards_only``, the record filters (``--kind``, ``--category``, ``--tag``,
 ``--since/--until``: :mod:`memoriesd.rag.filters`) and the private/credential/file exclusions
 (those records are never indexed) apply everywhere. Filters narrow the candidates of each side
-before fusion: the vector search runs over the allowed fragments only, and BM25 candidates are
-widened (x4 at a time, up to the index's bound of 10,000) until enough pass; past that bound,
-allowed fragments that match the query are added after them with score 0.
+before fusion: the vector search runs over the allowed fragments only, and BM25 takes enough
+candidates for the share of fragments that pass, widened x4 at a time (up to the index's bound of
+10,000) while too few pass; past that bound, allowed fragments that match the query are added after
+them with score 0.
 Scores are higher-is-better in every mode.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceOnly, ModelInputFailed, ModelUnavailable, QueryInvalid
+from ..errors import ModelInputFailed, ModelUnavailable, QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
 from ..text.humanize import duration
@@ -103,14 +105,21 @@ def _allowed_fragments(idx: VaultIndex, req: SearchRequest, records: set[str] | 
 def _narrowed_bm25(idx: VaultIndex, req: SearchRequest, records: set[str] | None, want: int) -> tuple[list[Any], int]:
     """BM25 candidates that pass the narrowing, enough of them: ``(hits, ignored_terms)``.
 
-    The candidate count grows x4 while fewer than ``want`` pass and the index had more; past the
-    index's bound, the allowed fragments that match the query are added with score 0.
+    The first candidate count allows for the share of fragments that may pass (twice ``want``
+    over that share: one FTS query is most of the cost, whatever its limit), then grows x4 while
+    fewer than ``want`` pass and the index had more; past the index's bound, the allowed
+    fragments that match the query are added with score 0.
     """
     from ..index.bm25 import Hit
 
     bm25 = idx.bm25
     assert bm25 is not None
     limit = min(want * 4, MAX_CANDIDATES)
+    if records is not None:
+        n_allowed = sum(len(bm25.frag_ids(rid)) for rid in records)
+        if n_allowed == 0:
+            return [], bm25.parse(req.query, req.match_mode).ignored_terms
+        limit = min(MAX_CANDIDATES, max(limit, math.ceil(2 * want * max(1, idx.n_fragments()) / n_allowed)))
     while True:
         res = bm25.candidates(req.query, match_mode=req.match_mode, limit=limit)
         kept = set(_allowed(idx, [h.frag_id for h in res.hits], req, records))
@@ -133,15 +142,7 @@ def _default_mode(engine: RagEngine, store: VaultStore) -> str:
     A remote embedding service is not usable for a device-only vault (unless it is on loopback):
     such a vault searches bm25 by default instead of failing with ``device_only``.
     """
-    if not engine.embedding_available():
-        return "bm25"
-    svc = engine.config.rag.embedding
-    if engine.remote_embedding():
-        try:
-            engine.check_remote_policy(store, svc.url, "embedding")
-        except DeviceOnly:
-            return "bm25"
-    return "hybrid"
+    return "bm25" if engine.vault_embedding_source(store)[0] == "none" else "hybrid"
 
 
 def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: Any) -> SearchOutcome:

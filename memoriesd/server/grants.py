@@ -10,6 +10,14 @@ any grant: every call answers ``vault_locked``.
 The hooks :func:`authorize` and :func:`filter_result` run around every handler on a connection
 that presented a grant (see ``App.dispatch``). Work in flight re-verifies the grant through
 ``ctx.checks``, so expiry, revocation and lock cancel it and a late result is dropped.
+
+Write scopes (``remember``, ``forget``, ``forget-all``) are never defaults. A granted write runs
+``ctx.check_cancelled()`` under the vault's store lock right before its commit (``facts.remember``,
+``forget.purge``), and ``grant.revoke`` deletes the grant under that same lock: a write either
+committed before the revocation, or it is cancelled and nothing of it is written. A granted write
+sees only what the grant could see: ``memory.remember`` never matches (so never revises or
+reveals) a private fact, and ``memory.forget`` can name only records a grant may see (private
+records, credentials and files answer like a missing id; ``all`` needs ``forget-all``).
 """
 
 from __future__ import annotations
@@ -33,8 +41,12 @@ log = logging.getLogger("memoriesd.grants")
 
 TOKEN_PREFIX = "mg_"
 SETTING_PREFIX = "grant."
-SCOPES = ("search", "read", "retrieve", "ask")
+SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "forget", "forget-all")
 DEFAULT_SCOPES = ("search", "read", "retrieve")
+#: Scopes that change the vault: never granted unless asked for by name.
+WRITE_SCOPES = ("remember", "forget", "forget-all")
+#: Scopes that show stored text; a write's reply quotes stored text only to a grant holding one.
+TEXT_SCOPES = ("search", "read", "retrieve", "context")
 DEFAULT_TTL_SECONDS = 24 * 3600
 MAX_TTL_SECONDS = 10 * 366 * 24 * 3600
 MAX_LABEL = 200
@@ -43,13 +55,25 @@ MAX_LABEL = 200
 PERSIST_LAST_USE_SECONDS = 600.0
 
 # The only methods a grant connection may call, and the scope each needs.
-SCOPE_OF_METHOD = {"memory.search": "search", "memory.read": "read", "rag.search": "retrieve", "rag.ask": "ask"}
+SCOPE_OF_METHOD = {
+    "memory.search": "search",
+    "memory.read": "read",
+    "rag.search": "retrieve",
+    "rag.ask": "ask",
+    "rag.context": "context",
+    "memory.remember": "remember",
+    "memory.forget": "forget",
+}
 # Parameters a grant may choose per method; everything else (vault, with_data, tuning) is dropped.
 ALLOWED_PARAMS = {
     "memory.search": ("query", "limit", "match_mode", "cards_only"),
     "memory.read": ("id", "revision"),
     "rag.search": ("query", "mode", "limit", "match_mode", "no_rerank", "min_score", "cards_only"),
     "rag.ask": ("question", "mode", "limit", "match_mode", "no_rerank", "cards_only"),
+    "rag.context": ("query", "budget"),
+    # Facts only: no tags, no kind, no id: a grant cannot edit or delete anything with it.
+    "memory.remember": ("text", "category", "key", "importance"),
+    "memory.forget": ("ids", "query", "scope", "all", "kind", "dry_run"),
 }
 _ID = re.compile(r"^[a-z0-9]{6,32}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
@@ -235,17 +259,21 @@ def authorize(app: Any, ctx: Context, method_name: str) -> None:
     scope = SCOPE_OF_METHOD.get(method_name)
     if scope is None:
         raise ScopeDenied(
-            "a grant may only search, read, retrieve and ask: vault management, config and other methods "
-            "need the person's own `memories` CLI"
+            "a grant may only search, read, retrieve, ask, get context, remember facts and forget: vault "
+            "management, config and other methods need the person's own `memories` CLI"
         )
     store, rec = verify(app, grant)
+    raw = ctx.params.raw
+    if method_name == "memory.forget" and raw.get("all") is True:
+        scope = "forget-all"  # forgetting every fact (or every record of a kind) is its own scope
     if scope not in rec.get("scopes", ()):
-        wanted = ",".join(s for s in SCOPES if s in rec.get("scopes", ()) or s == scope)
+        wanted = ",".join(s for s in SCOPES if s in rec.get("scopes", ()) or s == scope or (scope == "forget-all" and s == "forget"))
         raise ScopeDenied(
             f"this grant lacks the {scope} scope: the person can create a grant with it: "
             f"`memories grant create {grant.vault_id} --scope {wanted}`"
         )
-    raw = ctx.params.raw
+    if method_name == "memory.forget" and raw.get("kind") in UNSEARCHABLE_KINDS:
+        raise ScopeDenied("a grant cannot forget credentials or files: the person can, with `memories memory forget`")
     clean = {k: raw[k] for k in ALLOWED_PARAMS[method_name] if k in raw}
     clean["vault"] = grant.vault_id
     if rec.get("cards_only"):
@@ -318,6 +346,18 @@ def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, An
         out["results"] = [r for r in result.get("results", []) if not _hidden(_lookup(store, r.get(key)), cards_only)]
         out.pop("timings_ms", None)
         return out
+    if method_name == "rag.context":
+        items = result.get("items", [])
+        if any(_hidden(_lookup(store, it.get("record_id")), cards_only) for it in items):
+            log.error("a context pack held a record hidden from grants; it was withheld")
+            return {k: result.get(k) for k in ("query", "budget", "tokenizer", "mode")} | {
+                "used_tokens": 0, "items": [], "left_out": 0, "text": "", "notices": []
+            }
+        return result
+    if method_name == "memory.remember":
+        return _remember_view(result, rec)
+    if method_name == "memory.forget":
+        return _forget_view(store, result, rec)
     if method_name == "rag.ask":
         citations = result.get("citations", [])
         kept = [c for c in citations if not _hidden(_lookup(store, c.get("record_id")), cards_only)]
@@ -326,6 +366,51 @@ def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, An
             return {"status": "insufficient_evidence", "answer": "", "mode": result.get("mode"), "citations": [], "notices": []}
         return result
     return result
+
+
+def _shows_text(rec: dict[str, Any]) -> bool:
+    """Whether a write's reply may quote stored text: the grant could read it with another scope."""
+    return not rec.get("cards_only") and any(s in rec.get("scopes", ()) for s in TEXT_SCOPES)
+
+
+def _remember_view(result: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    """``memory.remember``'s reply to a grant: what happened; the fact's earlier text only with a text scope."""
+    keys = ("action", "id", "revision", "category", "key", "matched_by", "similarity", "notices")
+    out = {k: result[k] for k in keys if k in result}
+    prev = result.get("previous")
+    out["previous"] = None
+    if isinstance(prev, dict):
+        out["previous"] = {"revision": prev.get("revision")} | ({"text": prev.get("text")} if _shows_text(rec) else {})
+    return out
+
+
+def _forget_view(store: VaultStore, result: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    """``memory.forget``'s reply to a grant: the records (text only with a text scope) and the counts."""
+    text = _shows_text(rec)
+    rows = []
+    for r in result.get("records", []):
+        row = {k: r.get(k) for k in ("id", "kind", "category", "revisions", "match", "score")}
+        if text:
+            row.update({"title": r.get("title", ""), "text": r.get("text", "")})
+        rows.append(row)
+    out: dict[str, Any] = {"dry_run": bool(result.get("dry_run")), "records": rows, "notices": list(result.get("notices", []))}
+    out["forgotten"] = int(result.get("forgotten") or 0)
+    out["revisions_removed"] = int(result.get("revisions_removed") or 0)
+    return out
+
+
+def granted_targets(app: Any, ctx: Context, targets: list[Any], named: list[str]) -> list[Any]:
+    """What a grant's ``memory.forget`` may take: only records it may see.
+
+    A named id it may not see (private, credential, file, deleted, or missing) is refused exactly
+    like an id the vault does not hold; ``all`` and ``--query`` simply skip such records.
+    """
+    store, rec = verify(app, ctx.grant)
+    cards_only = bool(rec.get("cards_only"))
+    for rid in named:
+        if _hidden(_lookup(store, rid), cards_only):
+            raise NotFound(f"no record {rid} in vault {store.name}: see `memories memory list`")
+    return [t for t in targets if not _hidden(_lookup(store, t.record.id), cards_only)]
 
 
 # ---------------------------------------------------------------------------- owner methods
@@ -361,6 +446,8 @@ def grant_create(app: Any, ctx: Context) -> dict[str, Any]:
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
         raise UsageError(f"scopes must be a non-empty list of {', '.join(SCOPES)}")
+    if "forget-all" in scopes:
+        scopes.append("forget")  # forget-all widens forget: it never comes alone
     scopes = [s for s in SCOPES if s in scopes]
     if "ttl_seconds" in p.raw and p.raw["ttl_seconds"] is None:
         expires = None
@@ -444,7 +531,9 @@ __all__ = [
     "present_grant",
     "authorize",
     "filter_result",
+    "granted_targets",
     "SCOPES",
+    "WRITE_SCOPES",
     "DEFAULT_SCOPES",
     "TOKEN_PREFIX",
 ]

@@ -185,6 +185,10 @@ def vault_compact(app: Any, ctx: Context) -> dict[str, Any]:
         from ..rag.vectors import compact_vectors
 
         stats.update(compact_vectors(store, app.rag.peek_index(store)))
+    # So is the sealed lexical snapshot: rewritten from the purged index, or removed.
+    from ..index.caches import compact_lexical
+
+    stats.update(compact_lexical(store, app.rag.peek_index(store) if app.rag is not None else None))
     stats["seconds"] = round(time.perf_counter() - t0, 4)
     stats["vault_id"] = store.vault_id
     return stats
@@ -279,7 +283,9 @@ def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
     return {
         "id": revs[0].id,
         "revisions": [
-            {"revision": r.revision, "updated": r.updated, "deleted": r.deleted, "title": r.title} for r in revs
+            {"revision": r.revision, "updated": r.updated, "deleted": r.deleted, "title": r.title}
+            | ({"text": r.body} if r.kind == "fact" else {})  # a fact has no title: its history is its text
+            for r in revs
         ],
     }
 

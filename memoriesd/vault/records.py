@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("memory", "card", "credential", "file")
+KINDS = ("memory", "card", "fact", "credential", "file")
 # Kinds that are never indexed, never returned by search, never sent anywhere.
 UNSEARCHABLE_KINDS = ("credential", "file")
 

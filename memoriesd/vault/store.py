@@ -13,6 +13,7 @@ the head's) are moved to a ``preserved-*`` file. When the disk fails a write aft
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import logging
 import os
@@ -206,11 +207,18 @@ class VaultStore:
             crypto.wipe(key)
             raise VaultCorrupt(f"vault {label} is damaged (its header was altered): restore the vault directory from a backup")
         store = cls(vault_dir, header, key)
+        # Loading creates an object or more per record, all kept: cyclic collections meanwhile would
+        # walk them in vain (about 15 % of the unlock of a 100,000-fragment vault).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         try:
             store._load()
         except BaseException:
             store.close()
             raise
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         return store
 
     def _load(self) -> None:

@@ -1,0 +1,83 @@
+"""What the lexical index holds per record revision, and the cache caps that bound it.
+
+Kept apart from :mod:`memoriesd.index.bm25` (which re-exports them) so that code which only counts
+or checks documents never needs the FTS5 index.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..config import CacheConfig
+from ..errors import CapExceeded
+from ..text.fragments import Fragment
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IndexedDoc:
+    """A record revision as the index sees it."""
+
+    record_id: str
+    revision: int
+    kind: str
+    title: str
+    meta_text: str
+    source: str | None
+    fragments: tuple[Fragment, ...]
+
+    @functools.cached_property
+    def source_bytes(self) -> int:
+        """UTF-8 bytes of the title, body and metadata text (:func:`doc_source_bytes`), once."""
+        body = 0
+        covered = 0
+        for f in sorted(self.fragments, key=lambda f: f.start):
+            lo = max(f.start, covered)
+            if f.end > lo:
+                body += f.end - lo
+                covered = f.end
+        return len(self.title.encode("utf-8")) + len(self.meta_text.encode("utf-8")) + body
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """Sizes that the cache caps apply to."""
+
+    fragments: int
+    source_bytes: int  # UTF-8 bytes of titles, bodies (once, not per overlap) and metadata text
+
+
+def doc_source_bytes(doc: IndexedDoc) -> int:
+    """UTF-8 bytes of a document's title, body and metadata text.
+
+    The body counts once: the union of its fragments' byte ranges.
+    """
+    return doc.source_bytes
+
+
+def index_stats(docs: Iterable[IndexedDoc]) -> IndexStats:
+    """Stats of the index ``docs`` would make, without building it (to check caps first)."""
+    n = 0
+    size = 0
+    for d in docs:
+        n += len(d.fragments)
+        size += doc_source_bytes(d)
+    return IndexStats(fragments=n, source_bytes=size)
+
+
+def check_caps(n_fragments: int, source_bytes: int, cache: CacheConfig) -> None:
+    """Raise :class:`CapExceeded` when a vault is over the cache caps of ``[rag.cache]``."""
+    if n_fragments > cache.max_fragments:
+        raise CapExceeded(
+            f"this vault has {n_fragments:,} fragments, over the cache cap of {cache.max_fragments:,}: "
+            "raise [rag.cache] max_fragments in config.toml"
+        )
+    limit = cache.max_source_mib * _MIB
+    if source_bytes > limit:
+        raise CapExceeded(
+            f"this vault has {source_bytes / _MIB:,.1f} MiB of text, over the cache cap of "
+            f"{cache.max_source_mib:g} MiB: raise [rag.cache] max_source_mib in config.toml"
+        )

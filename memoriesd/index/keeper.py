@@ -1,0 +1,362 @@
+"""Keeping one vault's lexical snapshot: restore at the first build, write when it is worth it.
+
+:class:`SnapshotKeeper` belongs to a :class:`~memoriesd.index.caches.VaultIndex` and owns the
+vault's ``lexical-index.bin`` (format: :mod:`memoriesd.index.snapshot`) while the vault is
+unlocked.
+
+Restore (:meth:`SnapshotKeeper.restore`, at the index's first build). The snapshot is used when
+it was built from the vault's current head, or from an earlier head of the same log: the log
+file's hash chain is walked up to the snapshot's head (:func:`~.snapshot.log_extends`), which
+proves that every record revision the snapshot indexed is, byte for byte, in the current log.
+Fragment text comes back from those revisions by byte range, no record is re-fragmented and no
+row re-segmented; the index then applies only what changed after the snapshot's head (records
+added, changed or removed), like any refresh. Anything else (missing, other version, damaged,
+another vault's, a compacted or rolled-back log) is discarded and the index is rebuilt. Unlock
+starts the restore in the background (:func:`~memoriesd.index.caches.restore_after_unlock`); it
+checks between its steps whether the vault started locking and then stops (``cancelled``), so lock
+never waits for a whole restore.
+
+Writes happen only once the index has FTS5 rows (a lexical query ran, or it was restored), never
+segment anything, and skip documents whose rows are still pending:
+
+- in the background, :data:`SETTLE_SECONDS` after the last change, when there is no snapshot yet
+  or at least :data:`WRITE_AFTER_ROWS` rows changed since the one on disk (fewer changes cost the
+  next unlock little to catch up, while each write is the whole index);
+- at lock, eviction or shutdown (:meth:`SnapshotKeeper.close`), under the same condition, with
+  the key still valid: the vault closes the index before it wipes the vault key, and the keeper's
+  own subkey is wiped only after;
+- after ``vault compact`` (:meth:`SnapshotKeeper.after_compaction`): rewritten from a purged
+  database (no trace of removed rows) and bound to the new head, or removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..text.fragments import FINGERPRINT_HEX, Fragment
+from ..text.segment import DEFAULT
+from ..vault import crypto
+from ..vault.format import Head
+from ..vault.records import Record
+from .bm25 import BM25Index, IndexedDoc
+from .snapshot import (
+    SnapshotRejected,
+    log_extends,
+    read_snapshot,
+    remove_snapshot,
+    version_tag,
+    write_snapshot,
+)
+
+log = logging.getLogger("memoriesd.index")
+
+#: Rows changed since the snapshot on disk before a background write is worth a whole new file.
+WRITE_AFTER_ROWS = 1000
+#: Quiet time after the last change before a background write (an ingest's batches settle).
+SETTLE_SECONDS = 2.0
+#: How often the background writer looks.
+POLL_SECONDS = 1.0
+#: After a failed write (disk full...), wait this long before the next attempt.
+RETRY_SECONDS = 60.0
+
+MakeDoc = Callable[[Record, tuple[Fragment, ...]], IndexedDoc]
+Lookup = Callable[[str, int], "Record | None"]
+
+
+def encode_meta(docs: list[tuple[IndexedDoc, int]], exact: list[int], next_id: int) -> dict[str, Any]:
+    """What the snapshot says about its rows: no text, only ids, revisions and byte ranges."""
+    out_docs: list[list[Any]] = []
+    fps: list[str] = []
+    for doc, first in docs:
+        spans: list[int] = []
+        for f in doc.fragments:
+            spans += (f.ordinal, f.start, f.end)
+            fps.append(f.fingerprint)
+        out_docs.append([doc.record_id, doc.revision, first, spans])
+    return {
+        "next_id": next_id,
+        "docs": out_docs,
+        "fp": "".join(fps),
+        "exact": exact,
+        "source_bytes": sum(doc.source_bytes for doc, _ in docs),
+    }
+
+
+@dataclass
+class Decoded:
+    docs: list[tuple[IndexedDoc, int]]  # each document with its first frag_id
+    exact: list[int]
+    next_id: int
+    source_bytes: int
+
+
+def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: Callable[[], None] = lambda: None) -> Decoded:
+    """The documents of a snapshot rebuilt from the vault's records (:class:`SnapshotRejected`
+    when a revision it names is not in the vault or a byte range does not fit its text).
+    ``check`` runs every 4,096 documents (it raises to stop)."""
+    try:
+        fps: str = meta["fp"]
+        next_id = int(meta["next_id"])
+        exact = [int(i) for i in meta["exact"]]
+        source_bytes = int(meta["source_bytes"])
+        out: list[tuple[IndexedDoc, int]] = []
+        pos = 0
+        step = FINGERPRINT_HEX
+        for n, (rid, rev, first, spans) in enumerate(meta["docs"]):
+            if not n & 4095:
+                check()
+            rec = lookup(rid, rev)
+            if rec is None:
+                raise SnapshotRejected("a record revision it indexed is not in the vault")
+            rid, rev, body = rec.id, rec.revision, rec.body
+            frags: list[Fragment] = []
+            if body.isascii():  # characters are bytes: slice the text itself
+                size = len(body)
+                it = iter(spans)
+                for ordinal, start, end in zip(it, it, it, strict=True):
+                    if not 0 <= start <= end <= size:
+                        raise SnapshotRejected("a fragment's byte range does not fit its record")
+                    frags.append(Fragment(rid, rev, ordinal, start, end, body[start:end], fps[pos : pos + step]))
+                    pos += step
+            else:
+                data = body.encode("utf-8")
+                size = len(data)
+                it = iter(spans)
+                for ordinal, start, end in zip(it, it, it, strict=True):
+                    if not 0 <= start <= end <= size:
+                        raise SnapshotRejected("a fragment's byte range does not fit its record")
+                    frags.append(Fragment(rid, rev, ordinal, start, end, data[start:end].decode("utf-8"), fps[pos : pos + step]))
+                    pos += step
+            out.append((make_doc(rec, tuple(frags)), first))
+        if pos != len(fps):
+            raise SnapshotRejected("its fragment list is inconsistent")
+        return Decoded(out, exact, next_id, source_bytes)
+    except SnapshotRejected:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise SnapshotRejected("its index description is malformed") from exc
+
+
+@contextlib.contextmanager
+def _bulk() -> Iterator[None]:
+    """No cyclic garbage collection while a restore creates a few hundred thousand objects that all
+    stay alive: each collection would walk them in vain (measured: a third of the restore time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def find_revision(store: Any, record_id: str, revision: int) -> Record | None:
+    """Revision ``revision`` of a record from the store's history (caller holds ``store.lock``)."""
+    for rec in reversed(store.records.get(record_id, ())):
+        if rec.revision == revision:
+            return None if rec.deleted else rec
+        if rec.revision < revision:
+            return None
+    return None
+
+
+class SnapshotKeeper:
+    """The lexical snapshot of one unlocked vault's index (see the module docstring)."""
+
+    def __init__(self, store: Any, owner: Any) -> None:
+        self.store = store
+        self.owner = owner  # the VaultIndex: its lock, bm25, head and refresh
+        self.dir = Path(store.dir)
+        self.vault_id = store.vault_id
+        self.version = version_tag(DEFAULT)
+        self._sealer = crypto.Sealer(store.key, crypto.LABEL_LEXICAL_SNAPSHOT)
+        self._write_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_disk: Head | None = None  # head of the snapshot known to be on disk (None: none usable)
+        self._rows_at_write = 0  # bm25.rows_changed when the snapshot on disk was taken
+        self._last_change = time.monotonic()
+        self._last_rows = 0
+        # What happened, for the log and status: source "snapshot" or "built", catch-up counts, rejection.
+        self.info: dict[str, Any] = {"source": None}
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, make_doc: MakeDoc) -> tuple[BM25Index, dict[str, IndexedDoc], Head] | None:
+        """The index as the snapshot holds it, its documents and the head it was built from; None
+        when there is no usable snapshot (a rejected file is removed). Caller holds the owner's lock."""
+        t0 = time.perf_counter()
+        check = self.owner.check_open
+        try:
+            image = read_snapshot(self.dir, self.vault_id, self._sealer, self.version, check=check)
+            with self.store.lock:
+                head = self.store.head
+            if image.head != head and not log_extends(self.dir, self.vault_id, image.head, head):
+                raise SnapshotRejected("it was built from another state of the vault (compacted or restored since)", stale=True)
+            with _bulk():
+                with self.store.lock:
+                    if self.store.head.epoch != image.head.epoch:
+                        raise SnapshotRejected("the vault was compacted meanwhile", stale=True)
+                    dec = decode_meta(image.meta, self._lookup, make_doc, check)
+                del image.meta
+                check()
+                try:
+                    bm25 = BM25Index.restore(image.db, dec.docs, dec.exact, dec.next_id, dec.source_bytes, segmentation=DEFAULT)
+                except (ValueError, MemoryError) as exc:
+                    raise SnapshotRejected("its database does not match its description") from exc
+                except Exception as exc:  # noqa: BLE001 - sqlite3 refusing the bytes: never trusted
+                    raise SnapshotRejected(f"its database cannot be opened ({type(exc).__name__})") from exc
+                docs = {doc.record_id: doc for doc, _ in dec.docs}
+        except SnapshotRejected as exc:
+            self._reject(exc)
+            return None
+        self.on_disk = image.head
+        self._rows_at_write = 0
+        self.info = {
+            "source": "snapshot",
+            "restored_fragments": bm25.held_fragments(),
+            "restore_seconds": round(time.perf_counter() - t0, 3),
+            "exact_head": image.head == head,
+        }
+        return bm25, docs, image.head
+
+    def _lookup(self, record_id: str, revision: int) -> Record | None:
+        """A record revision, usually the latest (caller holds ``store.lock``)."""
+        revs = self.store.records.get(record_id)
+        if revs:
+            last = revs[-1]
+            if last.revision == revision:
+                return None if last.deleted else last
+        return find_revision(self.store, record_id, revision)
+
+    def _reject(self, exc: SnapshotRejected) -> None:
+        self.info = {"source": "built", "rejected": exc.reason}
+        if exc.reason == "there is none":
+            return
+        log.log(logging.INFO if exc.stale else logging.WARNING,
+                "vault %s: lexical snapshot not used (%s): the index is rebuilt", self.vault_id, exc.reason)
+        try:
+            remove_snapshot(self.dir)
+        except OSError as err:
+            log.warning("vault %s: cannot remove the unused lexical snapshot (%s)", self.vault_id, err.strerror)
+
+    def caught_up(self, added: int, removed: int) -> None:
+        """Note the records a restored index applied after the snapshot's head."""
+        if self.info.get("source") == "snapshot" and "caught_up_records" not in self.info:
+            self.info["caught_up_records"] = added
+            self.info["removed_records"] = removed
+            log.info(
+                "vault %s: lexical index restored from its sealed snapshot (%d fragments, %d records "
+                "caught up, %d removed) in %.3f s",
+                self.vault_id, self.info["restored_fragments"], added, removed, self.info["restore_seconds"],
+            )
+
+    # ------------------------------------------------------------------ writing
+
+    def start(self) -> None:
+        """Start the background writer (once)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name=f"memoriesd-lexsnap-{self.vault_id}", daemon=True)
+            self._thread.start()
+
+    def _due(self, bm25: BM25Index | None) -> bool:
+        if bm25 is None or not bm25.has_rows:
+            return False
+        return self.on_disk is None or bm25.rows_changed - self._rows_at_write >= WRITE_AFTER_ROWS
+
+    def _run(self) -> None:
+        retry_at = 0.0
+        while not self._stop.wait(POLL_SECONDS):
+            try:
+                bm25 = self.owner.bm25
+                if bm25 is not None and bm25.rows_changed != self._last_rows:
+                    self._last_rows = bm25.rows_changed
+                    self._last_change = time.monotonic()
+                now = time.monotonic()
+                if now >= retry_at and now - self._last_change >= SETTLE_SECONDS and self._due(bm25):
+                    self.write("settled")
+            except crypto.KeyWiped:
+                return
+            except Exception as exc:  # noqa: BLE001 - a failed write never affects search
+                retry_at = time.monotonic() + RETRY_SECONDS
+                log.warning("vault %s: the lexical snapshot was not written (%s)", self.vault_id, _why(exc))
+
+    def write(self, why: str) -> bool:
+        """Export the index and replace the snapshot (True when written)."""
+        with self._write_lock:
+            return self._write_locked(why)
+
+    def _write_locked(self, why: str, *, purge: bool = False) -> bool:
+        """Caller holds ``_write_lock``. Takes the owner's lock only to export (about 0.1 s per
+        100,000 fragments); sealing and the disk write run outside it, so searches go on."""
+        owner = self.owner
+        with owner.lock:
+            bm25 = owner.bm25
+            head = owner.head
+            if owner.closed or bm25 is None or not bm25.has_rows or head is None:
+                return False
+            if purge:
+                if head.epoch != self.store.head.epoch:
+                    return False
+                bm25.purge()
+            t0 = time.perf_counter()
+            db, docs, exact, next_id, rows = bm25.export(flush=False)
+        meta = encode_meta(docs, exact, next_id)
+        size = write_snapshot(self.dir, self.vault_id, self._sealer, head, self.version, meta, db)
+        self.on_disk = head
+        self._rows_at_write = rows
+        self.info["written"] = why
+        log.info("vault %s: lexical snapshot written (%s): %d fragments, %.1f MiB sealed in %.2f s",
+                 self.vault_id, why, sum(len(d.fragments) for d, _ in docs), size / 2**20, time.perf_counter() - t0)
+        return True
+
+    def after_compaction(self) -> str:
+        """``vault compact`` ran: rewrite the snapshot from a purged index (no trace of removed rows)
+        bound to the new head, or remove it when the index has no rows. Returns what was done."""
+        owner = self.owner
+        with self._write_lock:  # no background write before or after this one
+            with owner.lock:
+                try:
+                    owner.refresh()
+                except Exception:  # noqa: BLE001 - caps, a lock meanwhile: the snapshot is removed instead
+                    pass
+            try:
+                if self._write_locked("compacted", purge=True):
+                    return "rewritten"
+            except Exception as exc:  # noqa: BLE001
+                log.warning("vault %s: the lexical snapshot was not rewritten after compaction (%s)", self.vault_id, _why(exc))
+            self.on_disk = None
+            return "removed" if remove_snapshot(self.dir) else "none"
+
+    def close(self) -> None:
+        """Stop the writer, write once more if due (the key is still valid here), wipe the subkey."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+        try:
+            if self._due(self.owner.bm25):
+                self.write("lock")
+        except Exception as exc:  # noqa: BLE001 - lock never fails for a snapshot
+            log.warning("vault %s: the lexical snapshot was not written at lock (%s)", self.vault_id, _why(exc))
+        finally:
+            with self._write_lock:
+                self._sealer.wipe()
+
+
+def _why(exc: BaseException) -> str:
+    """A reason safe to log: an OS error's text or an exception's type, never content."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
+
+
+__all__ = ["SnapshotKeeper", "WRITE_AFTER_ROWS", "SETTLE_SECONDS", "decode_meta", "encode_meta", "find_revision"]

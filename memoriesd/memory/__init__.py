@@ -1,0 +1,1 @@
+"""Memory for assistants: facts (remember, dedupe, supersede), forgetting for real, context packs."""

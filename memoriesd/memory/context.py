@@ -1,0 +1,260 @@
+"""The context pack: what an assistant should know for a query, within a token budget.
+
+Two blocks, in this order, each item labelled ``[S1]``, ``[S2]``... and always whole:
+
+1. *About the user*: the current profile facts, then preference facts (each by importance, then
+   the most recently updated);
+2. *Relevant memories*: the hybrid search's best fragments for the query (facts of any category
+   and fragments of notes and cards; with a model, vector neighbours under its evidence floor are
+   left out, as for ``rag ask``), best first, without what the first block already holds.
+
+Sizes are counted with the embedding model's tokenizer when a local model is in use (special
+tokens excluded; a text longer than the model reads is counted in halves), else estimated: one
+token per CJK character (Han, kana, Hangul) and one per 4 other characters, rounded up per run.
+Each item costs its line (label included) plus one token for the line break; a block costs its
+heading (the relevant block also the blank line before it) once it has an item. ``used_tokens`` is that sum, never above the budget.
+
+Priority rule: when everything does not fit, the least relevant memories are left out first
+(relevant items are taken in order of relevance; one that does not fit whole is left out and the
+next, smaller, one may still fit). The profile block is shortened, from its least important end,
+only when it is over ``[rag] context_profile_share`` of the budget while relevant memories wait
+for the room (when they need less, the profile may use the rest). Budget still left at the end
+takes further profile items that fit.
+
+Every fact in a pack counts as a recall (:mod:`memoriesd.memory.recalls`).
+
+Filters (``--kind``, ``--category``, ``--tag``, ``--since/--until``: :mod:`memoriesd.rag.filters`)
+apply to every item of the pack: profile facts that do not pass are left out, like the search's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..vault.store import VaultStore
+from .facts import KIND, category_of, current_facts, profile_order
+
+PROFILE_HEADING = "## About the user"
+RELEVANT_HEADING = "## Relevant memories"
+MIN_BUDGET = 32
+MAX_BUDGET = 1_000_000
+_CJK = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff]")
+
+
+def estimate_tokens(text: str) -> int:
+    """The documented estimate without a model: 1 per CJK character, 1 per 4 other characters
+    (rounded up for each run between CJK characters)."""
+    total = 0
+    run = 0
+    for ch in text:
+        if _CJK.match(ch):
+            total += 1 + math.ceil(run / 4)
+            run = 0
+        else:
+            run += 1
+    return total + math.ceil(run / 4)
+
+
+class TokenCounter:
+    """Counts with a local model's tokenizer (``embedder.count_tokens``), else :func:`estimate_tokens`."""
+
+    def __init__(self, embedder: Any = None) -> None:
+        count = getattr(embedder, "count_tokens", None)
+        self._count: Callable[[str], int] | None = count if callable(count) else None
+        self.kind = "model" if self._count is not None else "estimate"
+        self._max = int(getattr(embedder, "max_tokens", 0) or 0)
+        self._base = self._count("") if self._count is not None else 0  # the special tokens every count includes
+
+    def __call__(self, text: str) -> int:
+        if self._count is None:
+            return estimate_tokens(text)
+        return self._model(text)
+
+    def _model(self, text: str) -> int:
+        assert self._count is not None
+        if not text:
+            return 0
+        n = self._count(text)
+        if n < self._max or len(text) < 2:
+            return max(0, n - self._base)
+        # Truncated at the model's maximum: count the halves (cut at a space near the middle).
+        mid = len(text) // 2
+        cut = text.rfind(" ", 0, mid)
+        cut = mid if cut <= 0 else cut
+        return self._model(text[:cut]) + self._model(text[cut:])
+
+
+@dataclass
+class PackItem:
+    record_id: str
+    revision: int
+    kind: str
+    category: str | None
+    title: str
+    text: str  # the item's text as the pack shows it (whitespace flattened), without its label
+    score: float | None
+    source: str | None
+    block: str  # profile | relevant
+    cost: int = 0  # tokens of its line without the label, plus the line break
+
+    def line(self, label: str) -> str:
+        if self.category is not None:
+            return f"[{label}] ({self.category}) {self.text}"
+        if self.title:
+            return f"[{label}] {self.title}: {self.text}"
+        return f"[{label}] {self.text}"
+
+    def body(self) -> str:
+        return self.line("")[3:]  # the line without "[] " (its label is counted separately)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _take(items: list[PackItem], room: int, label_cost: int) -> tuple[list[PackItem], int]:
+    """Items in order that fit whole into ``room`` tokens (one that does not fit is skipped)."""
+    chosen: list[PackItem] = []
+    used = 0
+    for it in items:
+        cost = it.cost + label_cost
+        if used + cost <= room:
+            chosen.append(it)
+            used += cost
+    return chosen, used
+
+
+def select(
+    profile: list[PackItem],
+    relevant: list[PackItem],
+    budget: int,
+    share: float,
+    count: Callable[[str], int],
+) -> tuple[list[PackItem], list[PackItem], int]:
+    """The priority rule (module docstring): the items of each block and the tokens used."""
+    n = len(profile) + len(relevant)
+    label_cost = count(f"[S{max(1, n)}] ")
+    head_p = count(PROFILE_HEADING) + 1
+    head_r = count(RELEVANT_HEADING) + 2  # its line break and the blank line before it
+    want_r = (head_r + sum(it.cost + label_cost for it in relevant)) if relevant else 0
+    cap_p = budget if not relevant else max(int(share * budget), budget - want_r)
+    chosen_p, used_p = _take(profile, cap_p - head_p, label_cost) if profile and cap_p > head_p else ([], 0)
+    cost_p = head_p + used_p if chosen_p else 0
+    room_r = budget - cost_p - head_r
+    chosen_r, used_r = _take(relevant, room_r, label_cost) if relevant and room_r > 0 else ([], 0)
+    cost_r = head_r + used_r if chosen_r else 0
+    left = budget - cost_p - cost_r
+    taken = set(map(id, chosen_p))
+    rest = [it for it in profile if id(it) not in taken]
+    if rest and left > 0:
+        extra_room = left if chosen_p else left - head_p
+        more, used_more = _take(rest, extra_room, label_cost)
+        if more:
+            taken |= set(map(id, more))
+            chosen_p = [it for it in profile if id(it) in taken]  # profile order kept
+            cost_p = head_p + used_p + used_more
+    return chosen_p, chosen_r, cost_p + cost_r
+
+
+def _counter(engine: Any) -> TokenCounter:
+    """The local model's tokenizer when it is the vault's embedder, else the estimate."""
+    if engine is None or engine.remote_embedding() or not engine.local_model_present():
+        return TokenCounter(None)
+    try:
+        return TokenCounter(engine.embedder())
+    except Exception:  # noqa: BLE001 - a model that cannot load: the estimate
+        return TokenCounter(None)
+
+
+def build_pack(app: Any, store: VaultStore, query: str, budget: int, ctx: Any, flt: Any = None) -> dict[str, Any]:
+    """The ``rag.context`` answer: budget, used tokens, the items and the plain text.
+
+    ``flt``: a :class:`~memoriesd.rag.filters.RecordFilter` every item must pass (None: all)."""
+    from ..rag.search import SearchRequest, run_search
+    from .recalls import note_recalls
+
+    if not query.strip():
+        raise UsageError("give the query the context is for")
+    if not MIN_BUDGET <= budget <= MAX_BUDGET:
+        raise UsageError(f"--budget is a number of tokens from {MIN_BUDGET} to {MAX_BUDGET:,}")
+    cfg = app.config.rag
+    engine = app.rag
+    profile_facts = profile_order([f for f in current_facts(store) if flt is None or flt.keeps(f)])
+    profile = [
+        PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
+    ]
+    in_profile = {f.id for f in profile_facts}
+    out = run_search(engine, store, SearchRequest(query=query, limit=cfg.context_items, evidence_floor=True, filters=flt), ctx)
+    relevant: list[PackItem] = []
+    for c in out.hits:
+        got = out.fragment(c.frag_id)
+        if got is None:
+            continue
+        doc, frag = got
+        if doc.record_id in in_profile or not frag.text.strip():
+            continue
+        category = None
+        if doc.kind == KIND:
+            try:
+                category = category_of(store.get(doc.record_id))
+            except Exception:  # noqa: BLE001 - changed meanwhile: not in this pack
+                continue
+        score = c.rerank_score if c.rerank_score is not None else c.score
+        relevant.append(
+            PackItem(doc.record_id, doc.revision, doc.kind, category, "" if doc.kind == KIND else _flat(doc.title),
+                     _flat(frag.text), round(float(score), 6), doc.source, "relevant")
+        )
+    count = _counter(engine)
+    for it in profile + relevant:
+        it.cost = count(it.body()) + 1
+    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count)
+    items: list[dict[str, Any]] = []
+    lines: list[str] = []
+    label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
+    n = 0
+    for heading, block in ((PROFILE_HEADING, chosen_p), (RELEVANT_HEADING, chosen_r)):
+        if not block:
+            continue
+        if lines:
+            lines.append("")
+        lines.append(heading)
+        for it in block:
+            n += 1
+            label = f"S{n}"
+            lines.append(it.line(label))
+            items.append(
+                {
+                    "label": label,
+                    "record_id": it.record_id,
+                    "revision": it.revision,
+                    "kind": it.kind,
+                    "category": it.category,
+                    "title": it.title,
+                    "text": it.text,
+                    "tokens": it.cost + label_cost,
+                    "score": it.score,
+                    "source": it.source,
+                    "block": it.block,
+                }
+            )
+    note_recalls(app, store, [i["record_id"] for i in items])
+    left_out = len(profile) + len(relevant) - len(items)
+    return {
+        "query": query,
+        "budget": budget,
+        "used_tokens": used,
+        "tokenizer": count.kind,
+        "mode": out.mode,
+        "items": items,
+        "left_out": left_out,
+        "text": "\n".join(lines) + ("\n" if lines else ""),
+        "notices": list(out.notices),
+    }
+
+
+__all__ = ["TokenCounter", "build_pack", "estimate_tokens", "select"]

@@ -1,0 +1,123 @@
+"""Protocol methods of memory for assistants: remember facts, list them, forget for real, context packs.
+
+``memory.remember``, ``memory.facts``, ``memory.forget`` and ``rag.context`` (logic in
+:mod:`memoriesd.memory`). A grant connection may call ``memory.remember``, ``memory.forget`` and
+``rag.context`` with the scopes of the same names (see grants.SCOPE_OF_METHOD): it never matches a
+private fact, and forgets only records it may see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UsageError
+from ..memory.context import build_pack
+from ..memory.facts import CATEGORIES, KIND, RememberRequest, current_facts, fact_view, remember
+from ..memory.forget import SCOPES, purge, select_all, select_ids, select_query
+from ..memory.recalls import recalls_of
+from ..vault.records import KINDS
+from ..vault.store import VaultStore
+from .context import Context
+from .handlers import _changed, _tags, method
+
+#: How many records one `memory forget --id` may name.
+MAX_IDS = 10_000
+
+
+def _store(app: Any, ctx: Context) -> VaultStore:
+    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
+
+
+@method("memory.remember")
+def memory_remember(app: Any, ctx: Context) -> dict[str, Any]:
+    """Add a fact, or revise the current fact it restates (``action``: added, updated, unchanged)."""
+    p = ctx.params
+    store = _store(app, ctx)
+    req = RememberRequest(
+        text=p.text("text"),  # the length is checked by remember(), with a hint for long text
+        category=p.choice("category", CATEGORIES, "fact"),
+        key=p.text("key", None, max_len=1000),
+        importance=p.number("importance", None),
+        tags=_tags(p.texts("tags", [])),
+        skip_private=ctx.grant is not None,  # an agent's fact never revises (nor reveals) a private one
+    )
+    with app.vaults.live_of(store).mutex("facts"):
+        outcome = remember(app.rag, store, req, ctx)
+    if outcome.action != "unchanged":
+        _changed(app, store, outcome.record)
+    return outcome.to_dict()
+
+
+@method("memory.facts")
+def memory_facts(app: Any, ctx: Context) -> dict[str, Any]:
+    """The current facts (optionally of one category) with their recall counters."""
+    store = _store(app, ctx)
+    category = ctx.params.choice("category", CATEGORIES, None)
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    facts = sorted(current_facts(store, category), key=lambda r: (order.get(str(r.meta.get("category")), 99), -r.updated, r.id))
+    recalls = recalls_of(app, store)
+    return {"facts": [fact_view(f, recalls.get(f.id)) for f in facts]}
+
+
+@method("memory.forget")
+def memory_forget(app: Any, ctx: Context) -> dict[str, Any]:
+    """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them."""
+    p = ctx.params
+    store = _store(app, ctx)
+    ids = p.texts("ids", [])
+    query = p.text("query", None, max_len=10_000)
+    everything = p.flag("all", False)
+    kind = p.choice("kind", KINDS, None)
+    scope = p.choice("scope", SCOPES, "specific")
+    dry_run = p.flag("dry_run", False)
+    if sum((bool(ids), query is not None, everything)) != 1:
+        raise UsageError("say what to forget: --id ID (repeatable), --query TEXT [--scope specific|topic], or --all [--kind K]")
+    if kind is not None and not everything:
+        raise UsageError("--kind goes with --all (e.g. --all --kind memory)")
+    if len(ids) > MAX_IDS:
+        raise UsageError(f"at most {MAX_IDS:,} ids per forget")
+    notices: list[str] = []
+    with app.vaults.live_of(store).mutex("facts"):
+        if ids:
+            targets = select_ids(store, ids)
+        elif everything:
+            targets = select_all(store, kind)
+        else:
+            targets, notices = select_query(app.rag, store, query, scope, ctx)
+        if ctx.grant is not None:
+            from .grants import granted_targets
+
+            targets = granted_targets(app, ctx, targets, ids)
+        out: dict[str, Any] = {
+            "vault_id": store.vault_id,
+            "dry_run": dry_run,
+            "records": [t.to_dict() for t in targets],
+            "notices": notices,
+        }
+        preserved = sum(1 for f in store.dir.glob("preserved-*") if f.is_file())
+        if dry_run or not targets:
+            out["preserved_files"] = preserved
+            out["forgotten"] = 0
+            return out
+        ctx.check_cancelled()
+        # Checked again under the store lock right before the deletions are committed: a grant revoked
+        # or expired by then (or a client gone) forgets nothing.
+        out.update(purge(app, store, [t.record.id for t in targets], check=ctx.check_cancelled))
+    return out
+
+
+@method("rag.context")
+def rag_context(app: Any, ctx: Context) -> dict[str, Any]:
+    """A token-budgeted context pack for a query: profile first, then the most relevant memories."""
+    from .rag_handlers import search_filter
+
+    store = _store(app, ctx)
+    p = ctx.params
+    budget = p.integer("budget", app.config.rag.context_budget)
+    flt = search_filter(p)
+    if p.flag("cards_only", False):  # a cards-only grant: the pack holds cards only
+        flt = flt.only_cards()
+    return build_pack(app, store, p.text("query", max_len=10_000), budget, ctx, flt)
+
+
+__all__ = ["memory_facts", "memory_forget", "memory_remember", "rag_context", "KIND"]
