@@ -30,7 +30,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from memoriesd.server import protocol  # noqa: E402
+sys.path.insert(0, str(REPO / "scripts"))
+
+from eval_beir import Conn, launch_daemon  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 PASSPHRASE = "bench memory passphrase"
@@ -63,24 +64,6 @@ def proc_mem(pid: int | str = "self") -> dict[str, float]:
 
 
 # -- the daemon: lexical part ------------------------------------------------------------------
-
-
-class Conn:
-    def __init__(self, sock_path: Path) -> None:
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.connect(str(sock_path))
-        self.n = 0
-
-    def call(self, method: str, params: dict[str, Any]) -> Any:
-        self.n += 1
-        self.s.sendall(protocol.encode({"id": self.n, "method": method, "params": params}))
-        while True:
-            msg = protocol.recv_frame(self.s)
-            if "progress" in msg:
-                continue
-            if "error" in msg:
-                raise RuntimeError(f"{method}: {msg['error']['code']}: {msg['error']['message']}")
-            return msg["result"]
 
 
 def write_notes(folder: Path, target: int) -> dict[str, int]:
@@ -120,21 +103,7 @@ def start_daemon(home: Path, default_caps: bool) -> subprocess.Popen[bytes]:
     if not default_caps:
         cfg += "[rag.cache]\nmax_fragments = 10000000\nmax_source_mib = 65536\nmax_vector_mib = 65536\n"
     (home / "config.toml").write_text(cfg)
-    proc = subprocess.Popen([sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO))
-    sock = home / "run" / "memoriesd.sock"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("the daemon exited at start")
-        if sock.exists():
-            try:
-                Conn(sock).call("daemon.status", {})
-                return proc
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit("the daemon did not start")
+    return launch_daemon(home)
 
 
 def bench_lexical(fragments: int, vaults: int, default_caps: bool, work: Path) -> dict[str, Any]:

@@ -50,7 +50,7 @@ EVAL = SHARED / "eval"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import Conn, load_jsonl  # noqa: E402
+from eval_beir import Conn, launch_daemon, load_jsonl  # noqa: E402
 
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
@@ -153,23 +153,7 @@ def write_config(home: Path, model_dir: str | None, default_caps: bool, fragment
 
 
 def start_daemon(home: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
-    )
-    sock = home / "run" / "memoriesd.sock"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("the daemon exited at start: see its log in the bench home")
-        if sock.exists():
-            try:
-                Conn(sock).call("daemon.status", {})
-                return proc
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit("the daemon did not start")
+    return launch_daemon(home)
 
 
 def rss(pid: int) -> dict[str, float]:

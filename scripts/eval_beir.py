@@ -104,6 +104,11 @@ def start_daemon(home: Path, model_dir: str | None, n_docs: int, precision: str 
     if precision:
         cfg.append(f'vector_precision = "{precision}"\n')
     (home / "config.toml").write_text("".join(cfg))
+    return launch_daemon(home)
+
+
+def launch_daemon(home: Path) -> subprocess.Popen[bytes]:
+    """Start ``memoriesd`` on ``home`` (its config.toml written) and wait until it answers."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO),
