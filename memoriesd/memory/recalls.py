@@ -34,7 +34,6 @@ RECALLS_NAME = "recalls.bin"
 ATTACHMENT = "fact-recalls"
 MAGIC = b"MEMRC1\n"
 #: Purpose label of the subkey that seals the counters (never edit: it would orphan every file).
-LABEL_RECALLS = b"memories/v1/fact-recalls"
 #: While recalls come in, the file is written at most this often.
 FLUSH_SECONDS = 30.0
 
@@ -57,7 +56,7 @@ class Recalls:
 
     def _seal(self) -> crypto.Sealer:
         if self._sealer is None:
-            self._sealer = crypto.Sealer(self.store.key, LABEL_RECALLS)
+            self._sealer = crypto.Sealer(self.store.key, crypto.LABEL_RECALLS)
         return self._sealer
 
     def _load(self) -> dict[str, list[float]]:

@@ -40,6 +40,7 @@ LABEL_VECTORS = b"memories/v1/vectors"
 LABEL_VECTOR_NAMES = b"memories/v1/vector-file-names"
 LABEL_GRANTS = b"memories/v1/grant-token-hash"
 LABEL_LEXICAL_SNAPSHOT = b"memories/v1/lexical-snapshot"
+LABEL_RECALLS = b"memories/v1/fact-recalls"
 
 
 class CryptoFailure(Exception):
