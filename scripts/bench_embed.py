@@ -12,10 +12,11 @@ of the product's 768-character fragments, 128 overlap, embedded as ``(title, fra
   batch is timed right next to the bare run of it, order alternating; each call's median
   over ``--rounds``), so a busy machine slows both alike; ``ratio`` = product/bare throughput
   (target >= 0.95), ``cpu_ratio`` the same in process CPU seconds;
-- length-bucketed vs naive fixed batches in input order (padding, speed-up, agreement);
 - ``--threads-sweep``: product and bare at ``local_threads`` 1, 2 and the core count (if > 2);
 - ``--batch-sweep``: batch token budgets, and the daemon's own call sizes (background chunks of
   8 fragments, ``rag index`` batches of 32), each product vs bare;
+  the rounds of all these settings interleave, so load that changes during the run hits all alike;
+- length-bucketed vs naive fixed batches in input order (padding, speed-up, agreement);
 - single-query embedding latency p50/p95 (the set's queries);
 - exact top-100 cosine search over 10,000 x 768 random unit vectors, with and without a filter.
 
@@ -30,7 +31,6 @@ import os
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime is imported, here or by the product
 
 import argparse  # noqa: E402
-import gc  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -173,61 +173,74 @@ def chunk_calls(count: int, chunk: int) -> Plan:
     return [list(range(i, min(i + chunk, count))) for i in range(0, count, chunk)]
 
 
-def compare(emb: LocalEmbedder, bare: Bare, inp: Inputs, calls: Plan, budget: int, rounds: int) -> dict[str, Any]:
-    """Product vs bare, paired call by call.
+class Paired:
+    """Product vs bare for one setting (threads, batch budget, call sizes), paired call by call.
 
     Each call is one ``embed_documents`` of those fragments (the product plans its batches with
     ``budget``); the bare session runs the same batches of the same ids right before or after it
-    (the order alternates), so a busy machine slows both alike. Each call's median over the rounds
-    counts: on a shared machine a call's time varies by +-30% both ways, which the best round
-    (the usual choice on an idle machine) turns into a biased sum of lucky outliers.
-    ``cpu_ratio`` compares process CPU seconds, which a busy machine disturbs less than wall time.
+    (the order alternates). :func:`run_rounds` interleaves the rounds of all settings, so a
+    machine whose load changes during the run slows every setting and both sides alike. Each
+    call's median over the rounds counts: on a shared machine a call's time varies by +-30% both
+    ways, which the best round (the usual choice on an idle machine) turns into a biased sum of
+    lucky outliers. ``cpu_ratio`` compares process CPU seconds (all threads) instead of wall time.
     """
-    lengths = inp.lengths
-    plans = [[[call[i] for i in b] for b in plan_batches([lengths[i] for i in call], budget)] for call in calls]
-    feeds = [bare.feeds(inp.seqs, plan, emb._pad_id) for plan in plans]
-    # Warm-up with the widest call, so neither side grows its memory arena inside the timing.
-    widest = max(range(len(calls)), key=lambda k: padded_tokens(lengths, plans[k]))
-    emb.embed_documents([inp.items[i] for i in calls[widest]], batch_tokens=budget)
-    bare.run(feeds[widest])
-    wall: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
-    cpu: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
-    vecs = np.empty((len(inp.items), emb.dimensions), dtype=np.float32)
-    bare_vecs = np.empty_like(vecs)
-    outs: list[np.ndarray] = []
-    for r in range(rounds):
-        for k, call in enumerate(calls):
+
+    def __init__(self, emb: LocalEmbedder, bare: Bare, inp: Inputs, calls: Plan, budget: int) -> None:
+        self.emb, self.bare, self.inp, self.calls, self.budget = emb, bare, inp, calls, budget
+        lengths = inp.lengths
+        self.plans = [[[c[i] for i in b] for b in plan_batches([lengths[i] for i in c], budget)] for c in calls]
+        self.feeds = [bare.feeds(inp.seqs, plan, emb._pad_id) for plan in self.plans]
+        self.wall: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
+        self.cpu: dict[str, list[list[float]]] = {"product": [[] for _ in calls], "bare": [[] for _ in calls]}
+        self.vecs = np.empty((len(inp.items), emb.dimensions), dtype=np.float32)
+        self.bare_vecs = np.empty_like(self.vecs)
+
+    def warm_up(self) -> None:
+        """The widest call once per side, so neither grows its memory arena inside the timing."""
+        lengths = self.inp.lengths
+        k = max(range(len(self.calls)), key=lambda i: padded_tokens(lengths, self.plans[i]))
+        self.emb.embed_documents([self.inp.items[i] for i in self.calls[k]], batch_tokens=self.budget)
+        self.bare.run(self.feeds[k])
+
+    def run_round(self, r: int) -> None:
+        outs: list[np.ndarray] = []
+        for k, call in enumerate(self.calls):
             for side in ("product", "bare") if (r + k) % 2 == 0 else ("bare", "product"):
                 c0, t0 = time.process_time(), time.perf_counter()
                 if side == "product":
-                    vecs[call] = emb.embed_documents([inp.items[i] for i in call], batch_tokens=budget)
+                    self.vecs[call] = self.emb.embed_documents([self.inp.items[i] for i in call], batch_tokens=self.budget)
                 else:
-                    outs = bare.run(feeds[k])
-                wall[side][k].append(time.perf_counter() - t0)
-                cpu[side][k].append(time.process_time() - c0)
-            for (batch, _), out in zip(feeds[k], outs, strict=True):
-                raw = out[:, : emb.dimensions]
-                bare_vecs[batch] = raw / np.linalg.norm(raw, axis=1, keepdims=True)
-    p_s, b_s = (sum(statistics.median(t) for t in wall[side]) for side in ("product", "bare"))
-    p_cpu, b_cpu = (sum(statistics.median(t) for t in cpu[side]) for side in ("product", "bare"))
-    return {
-        "calls": len(calls),
-        "batches": sum(len(p) for p in plans),
-        "padded_tokens": sum(padded_tokens(lengths, p) for p in plans),
-        "product": rate(inp, p_s, p_cpu),
-        "bare": rate(inp, b_s, b_cpu),
-        "ratio": round(b_s / p_s, 3),
-        "cpu_ratio": round(b_cpu / max(1e-9, p_cpu), 3),
-        "min_cosine_product_vs_bare": round(float(np.min(np.sum(vecs * bare_vecs, axis=1))), 6),
-    }
+                    outs = self.bare.run(self.feeds[k])
+                self.wall[side][k].append(time.perf_counter() - t0)
+                self.cpu[side][k].append(time.process_time() - c0)
+            for (batch, _), out in zip(self.feeds[k], outs, strict=True):
+                raw = out[:, : self.emb.dimensions]
+                self.bare_vecs[batch] = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+
+    def result(self) -> dict[str, Any]:
+        inp, lengths = self.inp, self.inp.lengths
+        p_s, b_s = (sum(statistics.median(t) for t in self.wall[side]) for side in ("product", "bare"))
+        p_cpu, b_cpu = (sum(statistics.median(t) for t in self.cpu[side]) for side in ("product", "bare"))
+        return {
+            "calls": len(self.calls),
+            "batches": sum(len(p) for p in self.plans),
+            "padded_tokens": sum(padded_tokens(lengths, p) for p in self.plans),
+            "product": rate(inp, p_s, p_cpu),
+            "bare": rate(inp, b_s, b_cpu),
+            "ratio": round(b_s / p_s, 3),
+            "cpu_ratio": round(b_cpu / max(1e-9, p_cpu), 3),
+            "min_cosine_product_vs_bare": round(float(np.min(np.sum(self.vecs * self.bare_vecs, axis=1))), 6),
+        }
 
 
-def budget_run(emb: LocalEmbedder, bare: Bare, inp: Inputs, budget: int, rounds: int) -> dict[str, Any]:
-    return compare(emb, bare, inp, budget_calls(inp.lengths, budget), budget, rounds)
-
-
-def chunk_run(emb: LocalEmbedder, bare: Bare, inp: Inputs, chunk: int, budget: int, rounds: int) -> dict[str, Any]:
-    return compare(emb, bare, inp, chunk_calls(len(inp.items), chunk), budget, rounds)
+def run_rounds(settings: list[Paired], rounds: int) -> None:
+    """All settings' rounds interleaved (the order rotating each round), after one warm-up each."""
+    for p in settings:
+        p.warm_up()
+    for r in range(rounds):
+        shift = r % len(settings)
+        for p in settings[shift:] + settings[:shift]:
+            p.run_round(r)
 
 
 def naive_vs_bucketed(emb: LocalEmbedder, inp: Inputs, budget: int, naive_batch: int, rounds: int) -> dict[str, Any]:
@@ -349,41 +362,49 @@ def main() -> None:
     load_before = os.getloadavg()
 
     emb, bare, load_s = load(args.model_dir, threads)
+    # Thread sweep: one product embedder and one bare session per thread count, all loaded at
+    # once so their rounds interleave (EmbeddingGemma fp32: about 1.2 GB per session).
+    by_threads = {threads: (emb, bare)}
+    if args.threads_sweep:
+        for t in sweep_threads(cores):
+            if t not in by_threads:
+                by_threads[t] = load(args.model_dir, t)[:2]
+    budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()} - {args.batch_tokens})
     inputs = {name: prepare(emb, name, args.limit, args.query_count) for name in names}
     sets: dict[str, dict[str, Any]] = {}
     for name, inp in inputs.items():
-        main_run = budget_run(emb, bare, inp, args.batch_tokens, rounds)
-        res: dict[str, Any] = {**describe(inp, emb), "batch_tokens": args.batch_tokens, **main_run}
+        main_run = Paired(emb, bare, inp, budget_calls(inp.lengths, args.batch_tokens), args.batch_tokens)
+        settings: list[tuple[dict[str, Any], Paired]] = [({"batch_tokens": args.batch_tokens}, main_run)]
+        if args.batch_sweep:
+            for budget in budgets:
+                settings.append(({"batch_tokens": budget}, Paired(emb, bare, inp, budget_calls(inp.lengths, budget), budget)))
+            for chunk, who in daemon_call_sizes():
+                calls = chunk_calls(len(inp.items), chunk)
+                label = {"calls_of_fragments": chunk, "as_in": who, "batch_tokens": args.batch_tokens}
+                settings.append((label, Paired(emb, bare, inp, calls, args.batch_tokens)))
+        if args.threads_sweep:
+            for t, (t_emb, t_bare) in sorted(by_threads.items()):
+                if t != threads:
+                    calls = budget_calls(inp.lengths, args.batch_tokens)
+                    settings.append(({"threads": t}, Paired(t_emb, t_bare, inp, calls, args.batch_tokens)))
+        run_rounds([p for _, p in settings], rounds)
+        results = [(label, p.result()) for label, p in settings]
+        res: dict[str, Any] = {**describe(inp, emb), "batch_tokens": args.batch_tokens, **results[0][1]}
         res["bucketed_vs_naive"] = naive_vs_bucketed(emb, inp, args.batch_tokens, args.naive_batch, rounds)
         if args.batch_sweep:
-            sweep: list[dict[str, Any]] = []
-            for budget in sorted({int(b) for b in args.budgets.split(",") if b.strip()}):
-                run = main_run if budget == args.batch_tokens else budget_run(emb, bare, inp, budget, rounds)
-                sweep.append({"batch_tokens": budget, **run})
-            for chunk, who in daemon_call_sizes():
-                run = chunk_run(emb, bare, inp, chunk, args.batch_tokens, rounds)
-                sweep.append({"calls_of_fragments": chunk, "as_in": who, "batch_tokens": args.batch_tokens, **run})
-            res["batch_sweep"] = sweep
+            sweep = [{"batch_tokens": args.batch_tokens, **results[0][1]}]
+            sweep += [{**label, **r} for label, r in results if "threads" not in label][1:]
+            res["batch_sweep"] = sorted(sweep, key=lambda r: (r.get("calls_of_fragments", 0), r["batch_tokens"]))
+        if args.threads_sweep:
+            rows = [{"threads": threads, **results[0][1]}] + [{**label, **r} for label, r in results if "threads" in label]
+            rows.sort(key=lambda r: r["threads"])
+            one = rows[0]
+            for row in rows:
+                row["product_speedup_vs_1"] = round(row["product"]["tokens_per_s"] / one["product"]["tokens_per_s"], 2)
+                row["bare_speedup_vs_1"] = round(row["bare"]["tokens_per_s"] / one["bare"]["tokens_per_s"], 2)
+            res["threads_sweep"] = rows
         res["query_latency_ms"] = query_latency(emb, inp.queries)
         sets[name] = res
-
-    if args.threads_sweep:
-        for name in names:
-            sets[name]["threads_sweep"] = []
-        for t in sweep_threads(cores):
-            if t != threads:
-                del emb, bare
-                gc.collect()
-                emb, bare, _ = load(args.model_dir, t)
-            for name, inp in inputs.items():
-                run = sets[name] if t == threads else budget_run(emb, bare, inp, args.batch_tokens, rounds)
-                sets[name]["threads_sweep"].append({"threads": t, **{k: run[k] for k in ("product", "bare", "ratio", "cpu_ratio")}})
-        for name in names:
-            rows = sets[name]["threads_sweep"]
-            one = next(r for r in rows if r["threads"] == 1)
-            for r in rows:
-                r["product_speedup_vs_1"] = round(r["product"]["tokens_per_s"] / one["product"]["tokens_per_s"], 2)
-                r["bare_speedup_vs_1"] = round(r["bare"]["tokens_per_s"] / one["bare"]["tokens_per_s"], 2)
 
     ratios = [sets[n]["ratio"] for n in names]
     print(json.dumps({
@@ -401,6 +422,7 @@ def main() -> None:
         "product_vs_bare": {
             "target_ratio": TARGET_RATIO,
             "min_ratio": min(ratios),
+            "min_cpu_ratio": min(sets[n]["cpu_ratio"] for n in names),
             "meets_target": min(ratios) >= TARGET_RATIO,
         },
         "vector_search_10000x768_top100_ms": vector_search(),
