@@ -75,6 +75,12 @@ def _ranks_of(ranking: Sequence[int]) -> dict[int, int]:
     return out
 
 
+def _fused_order(f: Fused) -> tuple[float, int, int, int]:
+    """Score descending; ties by the best single rank, then by the number of lists (more first), then by id."""
+    present = [r for r in f.ranks if r is not None]
+    return (-f.score, min(present), -len(present), f.frag_id)
+
+
 def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60, weights: Sequence[float] | None = None) -> list[Fused]:
     """Reciprocal rank fusion keeping each candidate's rank in every input.
 
@@ -102,11 +108,7 @@ def rrf_ranks(rankings: Sequence[Sequence[int]], k: int = 60, weights: Sequence[
         parts = sorted(wi / (k + r) for wi, r in zip(w, ranks_t, strict=True) if r is not None)
         fused.append(Fused(frag_id, math.fsum(parts), ranks_t))
 
-    def key(f: Fused) -> tuple[float, int, int, int]:
-        present = [r for r in f.ranks if r is not None]
-        return (-f.score, min(present), -len(present), f.frag_id)
-
-    fused.sort(key=key)
+    fused.sort(key=_fused_order)
     return fused
 
 
@@ -140,11 +142,7 @@ def convex_ranks(
         for frag_id in set(nb) | set(nv)
     ]
 
-    def key(f: Fused) -> tuple[float, int, int, int]:
-        present = [r for r in f.ranks if r is not None]
-        return (-f.score, min(present), -len(present), f.frag_id)
-
-    fused.sort(key=key)
+    fused.sort(key=_fused_order)
     return fused
 
 
