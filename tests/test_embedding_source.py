@@ -79,7 +79,7 @@ def test_auto_uses_the_installed_local_model_and_sends_nothing_to_the_service(sv
         vid = _vault_with_note(d)
         emb = d.call("rag.status", {"vault": vid})["embedding"]
         assert emb["served_by"] == "local"
-        assert 'embedding_source = "auto" and a local model is installed' in emb["reason"] and str(MINILM) in emb["reason"]
+        assert 'embedding_source = "auto" and a local model is installed' in emb["reason"] and str(MINILM.resolve()) in emb["reason"]
         before = svc.requests()
         out = d.call("rag.search", {"vault": vid, "query": "who feeds the zebra", "mode": "vector"})
         assert out["results"][0]["title"] == "Keeper"
