@@ -38,8 +38,20 @@ Lexical part, ``"lexical"`` (skip with ``--skip-lexical``), for each size of ``-
    the p50 of 30 ``memories rag search`` processes against the daemon p50 plus ``memories --help``
    (the CLI's own start).
 
+First-result part, ``"first_result"`` (skip with ``--skip-first-result``; details in
+``scripts/first_result_bench.py``), for each size of ``--first-fragments`` (default 10,000 and
+100,000), at default settings (KDF, caps, int8 vectors): a vault ingested from SciFact Markdown files
+with 768-dimension vectors from a real embedding service on 127.0.0.1 (``tests/embed_server.py``,
+not a model: what is timed does not depend on what vectors mean), then ``--repeats`` cycles of
+unlock -> first ``bm25`` result and unlock -> first ``vector`` result (``query_embed_ms``, the
+query's own embedding request, reported apart and subtracted in the ``..._excl_query`` figures),
+by this tree (``current``), by this tree reading the vector sidecar whole as before
+(``whole_file_vectors``) and, with ``--baseline-tree DIR``, by another source tree (``baseline``),
+interleaved; with the daemon's peak RSS after the first cycle.
+
     .venv/bin/python scripts/bench_first_search.py [--fragments 10000] [--reembed measure|extrapolate]
         [--skip-vector] [--skip-lexical] [--lexical-fragments 10000,100000] [--repeats 3]
+        [--skip-first-result] [--first-fragments 10000,100000] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
+from first_result_bench import first_result_bench  # noqa: E402
 from lexical_first_search import lexical_bench  # noqa: E402
 
 SHARED = REPO.parent / "shared"
@@ -171,10 +184,14 @@ def main() -> None:
     ap.add_argument("--fragments", type=int, default=10000)
     ap.add_argument("--model-dir", default=str(SHARED / "models" / "all-MiniLM-L6-v2-onnx"))
     ap.add_argument("--reembed", choices=["measure", "extrapolate"], default="measure")
-    ap.add_argument("--skip-vector", action="store_true", help="only the lexical part")
-    ap.add_argument("--skip-lexical", action="store_true", help="only the vector part")
+    ap.add_argument("--skip-vector", action="store_true", help="skip the vector part (sealed vectors vs re-embedding)")
+    ap.add_argument("--skip-lexical", action="store_true", help="skip the lexical part")
     ap.add_argument("--lexical-fragments", default="10000,100000", help="comma-separated vault sizes (fragments)")
-    ap.add_argument("--repeats", type=int, default=3, help="lock/unlock cycles per case (lexical)")
+    ap.add_argument("--repeats", type=int, default=3, help="lock/unlock cycles per case (lexical, first result)")
+    ap.add_argument("--skip-first-result", action="store_true", help="no unlock -> first bm25/vector result part")
+    ap.add_argument("--first-fragments", default="10000,100000", help="comma-separated vault sizes (first result)")
+    ap.add_argument("--baseline-tree", type=Path, default=None,
+                    help="a source tree to compare against in the first-result part (e.g. git archive of a commit)")
     args = ap.parse_args()
     docs = load_jsonl(SHARED / "eval" / "scifact" / "corpus.jsonl")
     result: dict[str, Any] = {
@@ -198,6 +215,11 @@ def main() -> None:
                 "bm25_any_p50_ratio": round(
                     big["search_speed"]["claims"]["daemon_total_ms_p50"] / small["search_speed"]["claims"]["daemon_total_ms_p50"], 2),
             }
+    if not args.skip_first_result:
+        result["first_result"] = {}
+        for size in [int(x) for x in args.first_fragments.split(",") if x.strip()]:
+            result["first_result"][str(size)] = first_result_bench(
+                size, docs, repeats=args.repeats, baseline_tree=args.baseline_tree, log=log)
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
 

@@ -31,7 +31,8 @@ def bag_vector(text: str, dims: int = DIMS) -> list[float]:
 
 
 class EmbeddingService:
-    def __init__(self) -> None:
+    def __init__(self, dims: int = DIMS) -> None:
+        self.dims = dims
         self.inputs: list[list[str]] = []
         self.hold: str | None = None
         self.held = threading.Event()
@@ -53,7 +54,7 @@ class EmbeddingService:
                     outer.held.set()
                     outer.release.wait(30)
                 body = json.dumps(
-                    {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": bag_vector(t)} for i, t in enumerate(inputs)]}
+                    {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": bag_vector(t, outer.dims)} for i, t in enumerate(inputs)]}
                 ).encode()
                 try:
                     self.send_response(200)

@@ -65,14 +65,20 @@ def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: 
         call(app, "rag.index", vault=vid)
     space = app.rag.peek_index(app.vaults.store(vid)).vectors
     loads = 0
-    real_load = space.sidecar.load
+    real_load, real_scan = space.sidecar.load, space.sidecar.scan
 
     def counting_load() -> Any:
         nonlocal loads
         loads += 1
         return real_load()
 
+    def counting_scan(take: Any) -> Any:  # the sidecar read a chunk at a time (what attach uses)
+        nonlocal loads
+        loads += 1
+        return real_scan(take)
+
     space.sidecar.load = counting_load
+    space.sidecar.scan = counting_scan
     # New text: nothing on disk can match it, so the sidecar is not read again.
     for i in range(5):
         call(app, "memory.update", vault=vid, id=rid, body=f"coffee brand new {i}")

@@ -31,16 +31,15 @@ segment anything, and skip documents whose rows are still pending:
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..bulk import bulk_load
 from ..text.fragments import FINGERPRINT_HEX, Fragment
 from ..text.segment import DEFAULT
 from ..vault import crypto
@@ -55,6 +54,7 @@ from .snapshot import (
     version_tag,
     write_snapshot,
 )
+from .vector_store import CONTENT_KEY_HEX, content_key
 
 log = logging.getLogger("memoriesd.index")
 
@@ -71,8 +71,13 @@ MakeDoc = Callable[[Record, tuple[Fragment, ...]], IndexedDoc]
 Lookup = Callable[[str, int], "Record | None"]
 
 
-def encode_meta(docs: list[tuple[IndexedDoc, int]], exact: list[int], next_id: int) -> dict[str, Any]:
-    """What the snapshot says about its rows: no text, only ids, revisions and byte ranges."""
+def encode_meta(
+    docs: list[tuple[IndexedDoc, int]], exact: list[int], next_id: int, content_keys: list[str] | None = None
+) -> dict[str, Any]:
+    """What the snapshot says about its rows: no text, only ids, revisions and byte ranges, and
+    (``content_keys``: one string per document, :data:`CONTENT_KEY_HEX` characters per fragment)
+    the key of each fragment's vector, so the first vector search after unlock need not compute
+    them (:meth:`SnapshotKeeper.content_key_for`)."""
     out_docs: list[list[Any]] = []
     fps: list[str] = []
     for doc, first in docs:
@@ -85,6 +90,7 @@ def encode_meta(docs: list[tuple[IndexedDoc, int]], exact: list[int], next_id: i
         "next_id": next_id,
         "docs": out_docs,
         "fp": "".join(fps),
+        "ck": "".join(content_keys) if content_keys is not None else "",
         "exact": exact,
         "source_bytes": sum(doc.source_bytes for doc, _ in docs),
     }
@@ -96,6 +102,20 @@ class Decoded:
     exact: list[int]
     next_id: int
     source_bytes: int
+    content_keys: str = ""  # CONTENT_KEY_HEX characters per fragment, in document order ("" when none)
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _fragment(rid: str, rev: int, ordinal: int, start: int, end: int, text: str, fp: str) -> Fragment:
+    """``Fragment(...)`` without the frozen dataclass's seven ``__setattr__`` calls (a restore makes
+    one per fragment: half the cost of the object). The same fields, equal and hashing alike."""
+    frag = _new(Fragment)
+    _set(frag, "__dict__", {"record_id": rid, "revision": rev, "ordinal": ordinal, "start": start, "end": end,
+                            "text": text, "fingerprint": fp})
+    return frag
 
 
 def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: Callable[[], None] = lambda: None) -> Decoded:
@@ -118,44 +138,27 @@ def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: 
                 raise SnapshotRejected("a record revision it indexed is not in the vault")
             rid, rev, body = rec.id, rec.revision, rec.body
             frags: list[Fragment] = []
-            if body.isascii():  # characters are bytes: slice the text itself
-                size = len(body)
-                it = iter(spans)
-                for ordinal, start, end in zip(it, it, it, strict=True):
-                    if not 0 <= start <= end <= size:
-                        raise SnapshotRejected("a fragment's byte range does not fit its record")
-                    frags.append(Fragment(rid, rev, ordinal, start, end, body[start:end], fps[pos : pos + step]))
-                    pos += step
-            else:
-                data = body.encode("utf-8")
-                size = len(data)
-                it = iter(spans)
-                for ordinal, start, end in zip(it, it, it, strict=True):
-                    if not 0 <= start <= end <= size:
-                        raise SnapshotRejected("a fragment's byte range does not fit its record")
-                    frags.append(Fragment(rid, rev, ordinal, start, end, data[start:end].decode("utf-8"), fps[pos : pos + step]))
-                    pos += step
+            ascii_body = body.isascii()  # characters are bytes: slice the text itself
+            data = b"" if ascii_body else body.encode("utf-8")
+            size = len(body) if ascii_body else len(data)
+            it = iter(spans)
+            for ordinal, start, end in zip(it, it, it, strict=True):
+                if not 0 <= start <= end <= size:
+                    raise SnapshotRejected("a fragment's byte range does not fit its record")
+                text = body[start:end] if ascii_body else data[start:end].decode("utf-8")
+                frags.append(_fragment(rid, rev, ordinal, start, end, text, fps[pos : pos + step]))
+                pos += step
             out.append((make_doc(rec, tuple(frags)), first))
         if pos != len(fps):
             raise SnapshotRejected("its fragment list is inconsistent")
-        return Decoded(out, exact, next_id, source_bytes)
+        ckeys = str(meta.get("ck", ""))
+        if ckeys and len(ckeys) != (len(fps) // step) * CONTENT_KEY_HEX:
+            raise SnapshotRejected("its fragment list is inconsistent")
+        return Decoded(out, exact, next_id, source_bytes, ckeys)
     except SnapshotRejected:
         raise
     except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError) as exc:
         raise SnapshotRejected("its index description is malformed") from exc
-
-
-@contextlib.contextmanager
-def _bulk() -> Iterator[None]:
-    """No cyclic garbage collection while a restore creates a few hundred thousand objects that all
-    stay alive: each collection would walk them in vain (measured: a third of the restore time)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def find_revision(store: Any, record_id: str, revision: int) -> Record | None:
@@ -178,6 +181,10 @@ class SnapshotKeeper:
         self.vault_id = store.vault_id
         self.version = version_tag(DEFAULT)
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_LEXICAL_SNAPSHOT)
+        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)  # content keys (see encode_meta)
+        # record id -> (revision, the content keys of its fragments joined): from the restored
+        # snapshot, or computed for a write; replaced at each write (removed records drop out).
+        self._ckeys: dict[str, tuple[int, str]] = {}
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,7 +208,7 @@ class SnapshotKeeper:
                 head = self.store.head
             if image.head != head and not log_extends(self.dir, self.vault_id, image.head, head):
                 raise SnapshotRejected("it was built from another state of the vault (compacted or restored since)", stale=True)
-            with _bulk():
+            with bulk_load():  # a few hundred thousand objects that all stay alive
                 with self.store.lock:
                     if self.store.head.epoch != image.head.epoch:
                         raise SnapshotRejected("the vault was compacted meanwhile", stale=True)
@@ -215,6 +222,12 @@ class SnapshotKeeper:
                 except Exception as exc:  # noqa: BLE001 - sqlite3 refusing the bytes: never trusted
                     raise SnapshotRejected(f"its database cannot be opened ({type(exc).__name__})") from exc
                 docs = {doc.record_id: doc for doc, _ in dec.docs}
+                if dec.content_keys:
+                    ck, at = dec.content_keys, 0
+                    for doc, _ in dec.docs:
+                        end = at + CONTENT_KEY_HEX * len(doc.fragments)
+                        self._ckeys[doc.record_id] = (doc.revision, ck[at:end])
+                        at = end
         except SnapshotRejected as exc:
             self._reject(exc)
             return None
@@ -227,6 +240,57 @@ class SnapshotKeeper:
             "exact_head": image.head == head,
         }
         return bm25, docs, image.head
+
+    def content_key_for(self, doc: IndexedDoc, frag: Fragment) -> str | None:
+        """The content key of a fragment's vector when this keeper knows it (restored with the
+        snapshot, or computed for a write) for this very revision; None otherwise."""
+        entry = self._ckeys.get(doc.record_id)
+        if entry is None or entry[0] != doc.revision or len(entry[1]) != CONTENT_KEY_HEX * len(doc.fragments):
+            return None
+        for pos, f in enumerate(doc.fragments):
+            if f is frag:  # by identity: an equality test compares every field
+                return entry[1][pos * CONTENT_KEY_HEX : (pos + 1) * CONTENT_KEY_HEX]
+        return None
+
+    def content_keys_of(self, vault_index: Any, frag_ids: Collection[int]) -> dict[int, str]:
+        """:meth:`content_key_for` of many live fragments at once (the first vector search after
+        unlock asks for every fragment): walks the documents, not the fragments one by one. Those
+        it does not know are left out."""
+        bm25 = vault_index.bm25
+        if bm25 is None or not self._ckeys:
+            return {}
+        wanted = frag_ids if isinstance(frag_ids, (set, frozenset, dict)) else set(frag_ids)
+        out: dict[int, str] = {}
+        frags = bm25.fragments
+        step = CONTENT_KEY_HEX
+        for rid, doc in vault_index.docs.items():
+            entry = self._ckeys.get(rid)
+            if entry is None or entry[0] != doc.revision or len(entry[1]) != step * len(doc.fragments):
+                continue
+            keys = entry[1]
+            for pos, fid in enumerate(bm25.frag_ids(rid)):  # a document's fragments in order
+                if fid in wanted and frags[fid][1] is doc.fragments[pos]:
+                    out[fid] = keys[pos * step : (pos + 1) * step]
+        return out
+
+    def _content_keys(self, docs: list[tuple[IndexedDoc, int]]) -> list[str]:
+        """The content keys of every exported document's fragments (known ones reused), for the
+        snapshot; computing one costs what the first vector search after unlock would pay."""
+        from .caches import embed_input  # caches imports this module
+
+        if getattr(self._fp_key, "wiped", False):
+            raise crypto.KeyWiped("the fingerprint key was wiped (the vault was locked)")
+        known = self._ckeys
+        fresh: dict[str, tuple[int, str]] = {}
+        out: list[str] = []
+        for doc, _ in docs:
+            entry = known.get(doc.record_id)
+            if entry is None or entry[0] != doc.revision or len(entry[1]) != CONTENT_KEY_HEX * len(doc.fragments):
+                entry = (doc.revision, "".join(content_key(self._fp_key, *embed_input(doc, f)) for f in doc.fragments))
+            fresh[doc.record_id] = entry
+            out.append(entry[1])
+        self._ckeys = fresh
+        return out
 
     def _lookup(self, record_id: str, revision: int) -> Record | None:
         """A record revision, usually the latest (caller holds ``store.lock``)."""
@@ -309,7 +373,7 @@ class SnapshotKeeper:
                 bm25.purge()
             t0 = time.perf_counter()
             db, docs, exact, next_id, rows = bm25.export(flush=False)
-        meta = encode_meta(docs, exact, next_id)
+        meta = encode_meta(docs, exact, next_id, self._content_keys(docs))
         size = write_snapshot(self.dir, self.vault_id, self._sealer, head, self.version, meta, db)
         self.on_disk = head
         self._rows_at_write = rows
@@ -350,6 +414,8 @@ class SnapshotKeeper:
         finally:
             with self._write_lock:
                 self._sealer.wipe()
+                crypto.wipe(self._fp_key)
+                self._ckeys = {}
 
 
 def _why(exc: BaseException) -> str:

@@ -18,7 +18,8 @@ keyed hash of exactly what the model reads (:func:`content_key`: title or none, 
 identity is in the aad, so even an old copy of the file can only hold correct vectors, and two
 fragments with the same input (an edit that moved a paragraph, a passage in two notes) share one
 entry. ``rewrite`` compacts into a new file (O_EXCL 0600, fsync, rename, fsync dir); ``retain``
-rewrites it with only the entries of live fragments (``vault compact``). Files written before
+rewrites it with only the entries of live fragments (``vault compact``); ``scan`` hands the
+entries over a chunk at a time (unlock's load, without a float32 copy of the file). Files written before
 content keys hold :func:`entry_key` keys (fingerprint + title hash); the caller re-keys them once
 (``rename``) without re-embedding.
 
@@ -41,8 +42,10 @@ import secrets
 import struct
 import threading
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -168,6 +171,14 @@ class _Damage(Exception):
     """The file is not a readable sidecar of this vault and model (reason is safe to log)."""
 
 
+class _TakeFailed(Exception):
+    """The caller's ``take`` raised during :meth:`VectorStore.scan` (not damage: re-raised as is)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
+
+
 def _damage_reason(exc: Exception) -> str:
     """Why a file could not be parsed, safe to log (never its content)."""
     return str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
@@ -184,6 +195,10 @@ class _State:
 
 def _chain(prev: bytes, blob: bytes) -> bytes:
     return hashlib.sha256(prev + hashlib.sha256(blob).digest()).digest()
+
+
+def _digest(blob: bytes) -> bytes:
+    return hashlib.sha256(blob).digest()
 
 
 class VectorStore:
@@ -225,12 +240,19 @@ class VectorStore:
         parts.append(matrix.tobytes())
         return b"".join(parts)
 
-    def _decode_chunk(self, data: bytes, into: dict[str, np.ndarray]) -> None:
+    def _chunk_rows(self, data: bytes) -> tuple[list[str], np.ndarray]:
+        """A chunk's keys and its (count, dims) little-endian float32 rows, a read-only view of ``data``."""
         if len(data) < 4:
             raise _Damage("a chunk is too short")
         (count,) = struct.unpack_from(">I", data, 0)
+        keys = self._content_keys(data, count)
+        if keys is not None:  # all of them content keys (32 hex characters): sliced from one string
+            pos = 4 + count * (2 + CONTENT_KEY_HEX)
+            if len(data) - pos != count * self.dims * 4:
+                raise _Damage("a chunk's vectors do not match its entries")
+            return keys, np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims)
         pos = 4
-        keys: list[str] = []
+        keys = []
         for _ in range(count):
             if pos + 2 > len(data):
                 raise _Damage("a chunk's keys are cut short")
@@ -239,7 +261,24 @@ class VectorStore:
             pos += 2 + n
         if len(data) - pos != count * self.dims * 4:
             raise _Damage("a chunk's vectors do not match its entries")
-        matrix = np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims).astype(np.float32)
+        return keys, np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims)
+
+    @staticmethod
+    def _content_keys(data: bytes, count: int) -> list[str] | None:
+        """The chunk's keys when every one is a :data:`CONTENT_KEY_HEX`-character ASCII key (what
+        this version writes), without one ``struct`` call per key; None otherwise."""
+        width = 2 + CONTENT_KEY_HEX
+        if not count or len(data) < 4 + count * width:
+            return None
+        block = np.frombuffer(data, dtype=np.uint8, count=count * width, offset=4).reshape(count, width)
+        if not ((block[:, 0] == 0).all() and (block[:, 1] == CONTENT_KEY_HEX).all() and (block[:, 2:] < 128).all()):
+            return None
+        text = data[4 : 4 + count * width].decode("ascii")
+        return [text[i + 2 : i + width] for i in range(0, count * width, width)]
+
+    def _decode_chunk(self, data: bytes, into: dict[str, np.ndarray]) -> None:
+        keys, rows = self._chunk_rows(data)
+        matrix = rows.astype(np.float32)
         for key, row in zip(keys, matrix, strict=True):
             into[key] = row
 
@@ -327,6 +366,96 @@ class VectorStore:
                 return {}
             self._state, entries = parsed
             return entries
+
+    def scan(self, take: Callable[[list[str], np.ndarray], None]) -> bool | None:
+        """Every stored vector, a chunk at a time: ``take(keys, rows)`` per chunk in file order
+        (``rows``: a read-only (n, dims) float32 view, valid during the call; a later duplicate key
+        wins, as in :meth:`load`). The file is read a frame at a time, so memory holds one chunk,
+        never the whole file or a float32 copy of every row.
+
+        Returns True once every chunk was read and the commit record verified; None when there is
+        no file; False when it cannot be read, or is damaged, truncated or foreign (then it is
+        discarded with a WARNING, as :meth:`load` does): chunks already handed to ``take`` each
+        authenticated, but the caller drops them, since the file as a whole is not trusted.
+        Exceptions raised by ``take`` propagate (nothing is discarded)."""
+        with self._lock:
+            self._state = None
+            try:
+                f = open(self.path, "rb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                log.warning("vector cache %s cannot be read (%s); its vectors will be recomputed",
+                            self.path.name, exc.strerror)
+                return False
+            with f:
+                try:
+                    state = self._scan(f, take)
+                except _TakeFailed as failed:
+                    raise failed.error from None
+                except OSError as exc:
+                    log.warning("vector cache %s cannot be read (%s); its vectors will be recomputed",
+                                self.path.name, exc.strerror)
+                    return False
+                except Exception as exc:
+                    log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
+                                self.path.name, _damage_reason(exc))
+                    self._discard()
+                    return False
+            self._state = state
+            return True
+
+    def _scan(self, f: BinaryIO, take: Callable[[list[str], np.ndarray], None]) -> _State:
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC:
+            raise _Damage("not a vector sidecar of this version")
+        state = self._read_commit(head)
+        size = os.fstat(f.fileno()).st_size
+        if state.end > size:
+            raise _Damage("the file is truncated")
+        pos = HEADER_SIZE
+        # The commit's hash chain is over every chunk's SHA-256: those are computed on another
+        # thread (hashlib releases the GIL) while this one decrypts and hands chunks over.
+        hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoriesd-vechash")
+        digests: list[Future[bytes]] = []
+        try:
+            for number in range(state.chunks):
+                pos = self._scan_chunk(f, take, number, pos, state, hashing, digests)
+            chain = b""
+            for d in digests:
+                chain = hashlib.sha256(chain + d.result()).digest()
+        finally:
+            hashing.shutdown(wait=True, cancel_futures=True)
+        if pos != state.end or chain != state.chain:
+            raise _Damage("the chunks do not match the commit record")
+        if size > state.end:
+            log.info("vector cache %s: dropping an uncommitted tail of %d bytes", self.path.name, size - state.end)
+        return state
+
+    def _scan_chunk(
+        self, f: BinaryIO, take: Callable[[list[str], np.ndarray], None], number: int, pos: int, state: _State,
+        hashing: ThreadPoolExecutor, digests: list[Future[bytes]],
+    ) -> int:
+        """Read, open and hand over chunk ``number`` at ``pos``; the position after it."""
+        if pos + 4 > state.end:
+            raise _Damage("the chunks end before the commit record says")
+        (n,) = _FRAME.unpack(f.read(4))
+        if pos + 4 + n > state.end:
+            raise _Damage("a chunk runs past the committed end")
+        blob = f.read(n)
+        if len(blob) != n:
+            raise _Damage("the file is truncated")
+        digests.append(hashing.submit(_digest, blob))
+        try:
+            plain = self._open(blob, self._chunk_aad(number))
+        except Exception as exc:
+            raise _Damage(f"chunk {number} fails authentication") from exc
+        keys, rows = self._chunk_rows(plain)
+        try:
+            take(keys, rows)
+        except Exception as exc:
+            raise _TakeFailed(exc) from exc
+        return pos + 4 + n
 
     def append(self, entries: Mapping[str, np.ndarray]) -> None:
         """Add entries durably (fsync) before returning; later duplicates win on load."""

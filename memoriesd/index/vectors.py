@@ -74,14 +74,23 @@ def normalize_rows(vectors: np.ndarray) -> np.ndarray:
     return arr
 
 
-def quantize_int8(unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 codes and float32 per-row scales of unit rows: ``codes * scale`` has the direction of
-    the quantized row and unit length (zero rows: zero codes, scale 0)."""
-    peak = np.abs(unit).max(axis=1) if unit.size else np.zeros(unit.shape[0], np.float32)
-    step = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-    codes = np.rint(unit / step[:, None]).astype(np.int8)
-    norm = np.linalg.norm(codes.astype(np.float32), axis=1)
-    scale = np.divide(1.0, norm, out=np.zeros_like(norm), where=norm > 0).astype(np.float32)
+def quantize_int8(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and float32 per-row scales of rows (of any length: the codes depend only on a
+    row's direction): the largest component maps to +-127, and ``codes * scale`` has the direction
+    of the quantized row and unit length (zero rows: zero codes, scale 0). One float32 temporary:
+    the rounded values, whose squares give the codes' norms (a 100,000 x 768 load spends most of
+    its time here)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    n = rows.shape[0]
+    if not rows.size:
+        return np.zeros(rows.shape, dtype=np.int8), np.zeros(n, dtype=np.float32)
+    peak = np.maximum(rows.max(axis=1), -rows.min(axis=1))
+    inv = np.divide(np.float32(127.0), peak, out=np.zeros(n, dtype=np.float32), where=peak > 0)
+    rounded = rows * inv[:, None]
+    np.rint(rounded, out=rounded)
+    codes = rounded.astype(np.int8)
+    sq = np.einsum("ij,ij->i", rounded, rounded)
+    scale = np.divide(np.float32(1.0), np.sqrt(sq), out=np.zeros(n, dtype=np.float32), where=sq > 0)
     return codes, scale
 
 
@@ -162,6 +171,21 @@ class VectorIndex:
             return unit.astype(np.float16).view(np.int16), None
         return quantize_int8(unit)
 
+    def _encode_raw(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`_encode` of rows not normalized yet. int8 codes do not depend on a row's length
+        (the largest component maps to +-127, the scale divides by the codes' norm), so int8 skips
+        the float32 normalized copy; the others normalize first."""
+        if self.precision == "int8":
+            return quantize_int8(rows)
+        return self._encode(normalize_rows(rows))
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows in all (at most what ``max_vector_mib`` allows), so adding many
+        small batches (a sidecar read a chunk at a time) does not regrow the buffer each time."""
+        if self.max_vector_mib is not None:
+            rows = min(rows, int(self.max_vector_mib * MIB) // bytes_per_vector(self.dims, self.precision))
+        self._reserve(rows)
+
     @staticmethod
     def _f16_bits_to_f32(half: np.ndarray, out: np.ndarray) -> np.ndarray:
         """float16 bit patterns (int16) to float32 values scaled by 2^-112 (exact, subnormals
@@ -226,9 +250,12 @@ class VectorIndex:
             for v in vectors:
                 if np.shape(v) != (self.dims,):
                     raise ValueError(f"expected vectors of {self.dims} dimensions, got shape {np.shape(v)}")
+        int_keys = [int(k) for k in keys]
+        if isinstance(vectors, np.ndarray) and self._add_new(int_keys, vectors):
+            return
         latest: dict[int, int] = {}
-        for i, k in enumerate(keys):
-            latest[int(k)] = i  # a key given twice: the last vector wins
+        for i, k in enumerate(int_keys):
+            latest[k] = i  # a key given twice: the last vector wins
         items = list(latest.items())
         total = len(self._keys) + sum(1 for k, _ in items if k not in self._row)
         if self.max_vector_mib is not None:
@@ -241,7 +268,7 @@ class VectorIndex:
                 arr = vectors[np.asarray(idx, dtype=np.int64)]
             else:
                 arr = np.asarray([vectors[i] for i in idx], dtype=np.float32)
-            codes, scale = self._encode(normalize_rows(arr))
+            codes, scale = self._encode_raw(arr)
             rows = []
             for k, _ in part:
                 row = self._row.get(k)
@@ -254,6 +281,27 @@ class VectorIndex:
             self._buf[at] = codes
             if scale is not None:
                 self._scale[at] = scale
+
+    def _add_new(self, keys: list[int], vectors: np.ndarray) -> bool:
+        """:meth:`add` of keys that are all new and distinct (loading an index): rows appended in
+        order, encoded a block at a time, with no per-key bookkeeping beyond the key maps. False
+        (nothing done) when a key is already present or given twice."""
+        row_of = self._row
+        if len(set(keys)) != len(keys) or any(k in row_of for k in keys):
+            return False
+        n0 = len(self._keys)
+        total = n0 + len(keys)
+        if self.max_vector_mib is not None:
+            check_vector_cap(total, self.dims, self.max_vector_mib, self.precision)
+        self._reserve(total)
+        for start in range(0, len(keys), _ADD_BLOCK_ROWS):
+            codes, scale = self._encode_raw(vectors[start : start + _ADD_BLOCK_ROWS])
+            self._buf[n0 + start : n0 + start + codes.shape[0]] = codes
+            if scale is not None:
+                self._scale[n0 + start : n0 + start + codes.shape[0]] = scale
+        self._keys.extend(keys)
+        row_of.update(zip(keys, range(n0, total), strict=True))
+        return True
 
     def remove(self, keys: Iterable[int]) -> int:
         """Drop ``keys`` (absent ones are ignored); returns how many were removed."""

@@ -6,7 +6,8 @@ to the embedder's identity (the sidecar's associated data), so a different model
 never reuses a vector, while the same input does wherever it is: an edit near the top of a note
 re-embeds only the fragments whose text changed (byte offsets are not part of the key; results
 still carry them from the fragment), and a passage in two notes has one vector. Unlock or restart
-reload vectors from the sealed sidecar instead of re-embedding; vault changes embed only fragments
+reload vectors from the sealed sidecar instead of re-embedding (a chunk at a time, straight into the
+index's representation, with the content keys the restored lexical snapshot holds); vault changes embed only fragments
 whose key is new. A sidecar of the old scheme (keys from the fragment fingerprint and title) is
 re-keyed once on attach and rewritten, without re-embedding. ``vault compact`` rewrites every sidecar the vault's
 space list knows to the vectors of live fragments (:func:`compact_vectors`); ``rag status`` counts
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -45,8 +47,13 @@ from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
+#: Benchmark switch only (``scripts/bench_first_search.py`` measures before/after in one run): load
+#: the sidecar whole, decoded to float32, as before streaming. Never set it otherwise.
+_WHOLE_FILE_LOAD = os.environ.get("MEMORIES_BENCH_WHOLE_FILE_VECTORS") == "1"
 #: Spare vectors (not used by a live fragment) kept in memory, as a share of max_vector_mib.
 SPARE_SHARE = 0.25
+#: Rows a sidecar read gathers before adding them to the index (bounds its float32 temporaries).
+_STREAM_ADD_ROWS = 4096
 
 
 def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
@@ -244,8 +251,15 @@ class VectorSpace:
     # ------------------------------------------------------------------ keys
 
     def key_of(self, vault_index: Any, frag_id: int) -> str:
-        """The content key of a live fragment's vector (see the module docstring)."""
+        """The content key of a live fragment's vector (see the module docstring): the one the
+        restored lexical snapshot holds when it has it (computing it costs about 9 µs of CPU here,
+        0.9 s per 100,000 fragments at the first vector search after unlock), else computed."""
         doc, frag = vault_index.fragment(frag_id)
+        keeper = getattr(vault_index, "keeper", None)
+        if keeper is not None:
+            key = keeper.content_key_for(doc, frag)
+            if key is not None:
+                return key
         return self._input_key(doc, frag)[1]
 
     def _input_key(self, doc: Any, frag: Any) -> tuple[tuple[str | None, str], str]:
@@ -275,6 +289,9 @@ class VectorSpace:
         return self.index.get(fid)
 
     def _hold(self, pairs: Sequence[tuple[int, str]]) -> None:
+        if not self._holder:  # the first load: every pair (a key held twice keeps either fragment)
+            self._holder = {int(key[:16], 16): fid for fid, key in pairs}
+            return
         for fid, key in pairs:
             old = self._holder.get(self._short(key))
             if old is None or old not in self.index:
@@ -297,16 +314,23 @@ class VectorSpace:
                 self.index.remove([fid for fid in self.index.keys() if fid not in live_set])
             if not missing:
                 return
-            keys = {fid: self.key_of(vault_index, fid) for fid in missing}
-            unknown = [k for k in keys.values() if (self._known is None or k not in self._known) and not self._is_held(k)]
-            if self._known is None or self._may_be_sealed(unknown):
+            keys = self._keys_of(vault_index, missing)
+            first = self._known is None
+            if first or self._may_be_sealed(
+                [k for k in keys.values() if (self._known is None or k not in self._known) and not self._is_held(k)]
+            ):
                 t0 = time.perf_counter()
-                loaded = self._load(vault_index, keys)
-                log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, len(loaded), time.perf_counter() - t0)
-                # Spares only: what the index already holds is not kept twice.
-                self._known = {k: v for k, v in loaded.items() if not self._is_held(k)}
-                self._evicted = np.empty(0, dtype=np.uint64)
-                self._known_partial = False
+                added = None if _WHOLE_FILE_LOAD else self._stream(keys)
+                if added is None:  # the whole-file path: an old-scheme sidecar to re-key (or the benchmark's switch)
+                    loaded = self._load(vault_index, keys)
+                    added = len(loaded)
+                    # Spares only: what the index already holds is not kept twice.
+                    self._known = {k: v for k, v in loaded.items() if not self._is_held(k)}
+                    self._evicted = np.empty(0, dtype=np.uint64)
+                    self._known_partial = False
+                log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, added, time.perf_counter() - t0)
+            assert self._known is not None
+            missing = [fid for fid in missing if fid not in self.index]
             found: list[tuple[int, str]] = []
             found_vecs = []
             for fid in missing:
@@ -324,6 +348,81 @@ class VectorSpace:
                     self._known.pop(key, None)
                 self._hold(found)
             self._trim_spares()
+
+    def _keys_of(self, vault_index: Any, frag_ids: Sequence[int]) -> dict[int, str]:
+        """Content keys of live fragments (:meth:`key_of`), those the restored snapshot holds in bulk."""
+        keeper = getattr(vault_index, "keeper", None)
+        known = keeper.content_keys_of(vault_index, frag_ids) if keeper is not None else {}
+        return {fid: known[fid] if fid in known else self.key_of(vault_index, fid) for fid in frag_ids}
+
+    def _stream(self, keys: dict[int, str]) -> int | None:
+        """Read the sealed sidecar a chunk at a time straight into the index (in its precision, e.g.
+        int8), keeping vectors no live fragment wants as spares (bounded): never a float32 copy of the
+        whole file. Returns how many sealed vectors were read; None when the file holds old-scheme
+        keys (the caller then takes the whole-file path, which re-keys it). A damaged file adds
+        nothing (what was added from it is removed again). Caller holds the lock; ``keys`` maps
+        the missing fragments to their content keys."""
+        wanted: dict[str, list[int]] = {}
+        for fid, key in keys.items():
+            wanted.setdefault(key, []).append(fid)
+        self._known = {}
+        self._evicted = np.empty(0, dtype=np.uint64)
+        self._known_partial = False
+        known = self._known
+        added: list[int] = []
+        seen = 0
+        legacy = False
+
+        pending_fids: list[int] = []
+        pending_rows: list[np.ndarray] = []
+
+        def flush() -> None:
+            if pending_fids:
+                # Encoded as the index holds rows (int8: no float32 copy is kept).
+                self.index.add(pending_fids, np.concatenate(pending_rows) if len(pending_rows) > 1 else pending_rows[0])
+                added.extend(pending_fids)
+                pending_fids.clear()
+                pending_rows.clear()
+
+        def take(chunk_keys: list[str], rows: np.ndarray) -> None:
+            nonlocal seen, legacy
+            seen += len(chunk_keys)
+            picks: list[int] = []
+            for i, key in enumerate(chunk_keys):
+                got = wanted.get(key)
+                if got is not None:
+                    pending_fids.extend(got)
+                    picks.extend([i] * len(got))
+                elif is_legacy_key(key):
+                    legacy = True
+                elif not self._is_held(key):
+                    known.pop(key, None)  # a later duplicate wins, and counts as the newest
+                    known[key] = np.array(rows[i], dtype=np.float32)  # a copy: rows is a view of the chunk
+            if picks:
+                pending_rows.append(rows[np.asarray(picks, dtype=np.int64)])
+            if len(pending_fids) >= _STREAM_ADD_ROWS:  # a few small chunks (one per embedding batch) at once
+                flush()
+            if len(known) > self._spare_budget():
+                self._trim_spares()
+
+        self.index.reserve(len(self.index) + len(keys))
+        try:
+            ok = self.sidecar.scan(take)
+            if ok:
+                flush()
+        except BaseException:
+            self.index.remove(added)
+            self._known = None
+            raise
+        if legacy or not ok:
+            self.index.remove(added)
+            self._known = {} if not legacy else None
+            self._evicted = np.empty(0, dtype=np.uint64)
+            if legacy:
+                return None
+            return 0
+        self._hold([(fid, keys[fid]) for fid in added])
+        return seen
 
     def _load(self, vault_index: Any, keys: dict[int, str]) -> dict[str, np.ndarray]:
         """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
@@ -351,11 +450,14 @@ class VectorSpace:
                  vault_index.vault_id, legacy, legacy - (len(out) - (len(loaded) - legacy)))
         return out
 
+    def _spare_budget(self) -> int:
+        return int(self.max_vector_mib * 1024 * 1024 * SPARE_SHARE) // max(1, self.dims * 4)
+
     def _trim_spares(self) -> None:
         """Keep at most SPARE_SHARE of ``max_vector_mib`` of spare vectors (the newest)."""
         if self._known is None:
             return
-        budget = int(self.max_vector_mib * 1024 * 1024 * SPARE_SHARE) // max(1, self.dims * 4)
+        budget = self._spare_budget()
         if len(self._known) > budget:
             drop = len(self._known) - budget
             gone = list(itertools.islice(self._known, drop))

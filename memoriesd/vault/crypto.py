@@ -124,14 +124,22 @@ def seal(key: bytes | bytearray, plaintext: bytes, aad: bytes) -> bytes:
 def open_sealed(key: bytes | bytearray, blob: bytes, aad: bytes) -> bytes:
     """Inverse of :func:`seal`. Any failure (length, type, tag) is one :class:`CryptoFailure`."""
     _usable(key)
-    if not isinstance(blob, (bytes, bytearray, memoryview)) or len(key) != KEY_BYTES:
+    if len(key) != KEY_BYTES:
         raise CryptoFailure("cannot open")
-    blob = bytes(blob)
-    if len(blob) < SEAL_OVERHEAD:
+    return _open_with(AESGCM(bytes(key)), blob, aad)
+
+
+def _open_with(aead: AESGCM, blob: bytes | bytearray | memoryview, aad: bytes) -> bytes:
+    """Open ``nonce || ciphertext || tag`` with a ready cipher object; ``blob`` may be a memoryview
+    into a larger buffer (a log or a sidecar read whole): nothing is copied before decryption."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise CryptoFailure("cannot open")
+    view = memoryview(blob)
+    if view.ndim != 1 or view.itemsize != 1 or len(view) < SEAL_OVERHEAD:
         raise CryptoFailure("cannot open")
     try:
-        return AESGCM(bytes(key)).decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], aad)
-    except (InvalidTag, ValueError, TypeError) as exc:
+        return aead.decrypt(view[:NONCE_BYTES], view[NONCE_BYTES:], aad)
+    except (InvalidTag, ValueError, TypeError, BufferError) as exc:
         raise CryptoFailure("cannot open") from exc
 
 
@@ -148,17 +156,38 @@ def digest(data: bytes) -> bytes:
     return sha256(data).digest()
 
 
+def digest_pair(first: bytes, second: bytes | memoryview) -> bytes:
+    """``digest(first + second)`` without building the concatenation."""
+    h = sha256(first)
+    h.update(second)
+    return h.digest()
+
+
 class Sealer:
     """A subkey bound to a purpose, with seal/open methods (handy to pass as callables)."""
 
     def __init__(self, master: bytes | bytearray, label: bytes, context: bytes = b"") -> None:
         self._key = subkey(master, label, context=context)
+        # One cipher object for the sealer's life instead of one per call (each call also made an
+        # immutable copy of the key): unlock opens one log entry per record. Dropped by wipe().
+        self._aead: AESGCM | None = AESGCM(bytes(self._key))
+
+    def _cipher(self) -> AESGCM:
+        aead = self._aead
+        if aead is None or getattr(self._key, "wiped", False):
+            raise KeyWiped("the key was wiped (its vault was locked)")
+        return aead
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
-        return seal(self._key, plaintext, aad)
+        aead = self._cipher()
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce + aead.encrypt(nonce, plaintext, aad)
 
-    def open(self, blob: bytes, aad: bytes) -> bytes:
-        return open_sealed(self._key, blob, aad)
+    def open(self, blob: bytes | bytearray | memoryview, aad: bytes) -> bytes:
+        """Inverse of :meth:`seal`; ``blob`` may be a memoryview (no copy). One opaque
+        :class:`CryptoFailure` for every failure."""
+        return _open_with(self._cipher(), blob, aad)
 
     def wipe(self) -> None:
+        self._aead = None
         wipe(self._key)

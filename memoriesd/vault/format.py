@@ -263,12 +263,16 @@ def chain_start(vault_id: str, epoch: int) -> bytes:
     return crypto.digest(b"memories/chain/v1|" + vault_id.encode("utf-8") + struct.pack(">Q", epoch))
 
 
+_SEQ = struct.Struct(">QQ")
+
+
 def entry_aad(vault_id: str, epoch: int, seq: int, prev_hash: bytes) -> bytes:
-    return b"memories/rec/v1|" + vault_id.encode("utf-8") + b"|" + struct.pack(">QQ", epoch, seq) + prev_hash
+    return b"memories/rec/v1|" + vault_id.encode("utf-8") + b"|" + _SEQ.pack(epoch, seq) + prev_hash
 
 
-def next_hash(prev_hash: bytes, blob: bytes) -> bytes:
-    return crypto.digest(prev_hash + blob)
+def next_hash(prev_hash: bytes, blob: bytes | memoryview) -> bytes:
+    """SHA-256 of ``prev_hash || blob`` (``blob`` may be a memoryview: nothing is concatenated)."""
+    return crypto.digest_pair(prev_hash, blob)
 
 
 def entry_plaintext(entry: dict[str, Any]) -> bytes:
@@ -351,16 +355,20 @@ def decode_log(
     prev = chain_start(vault_id, epoch)
     out: list[dict[str, Any]] = []
     seq = 0
+    view = memoryview(data)  # entries are opened and hashed in place: no per-entry copy
+    aad_prefix = b"memories/rec/v1|" + vault_id.encode("utf-8") + b"|"
+    pack = _SEQ.pack
+    loads = json.loads
     while pos < head.log_bytes:
         if pos + LEN.size > head.log_bytes:
             raise corrupt("a log entry is cut")
         (n,) = LEN.unpack_from(data, pos)
         if n < crypto.SEAL_OVERHEAD or n > MAX_ENTRY_BYTES or pos + LEN.size + n > head.log_bytes:
             raise corrupt("a log entry has an invalid length")
-        blob = data[pos + LEN.size : pos + LEN.size + n]
+        blob = view[pos + LEN.size : pos + LEN.size + n]
         try:
-            plaintext = sealer.open(blob, entry_aad(vault_id, epoch, seq, prev))
-            entry = json.loads(plaintext.decode("utf-8"))
+            plaintext = sealer.open(blob, aad_prefix + pack(epoch, seq) + prev)  # = entry_aad(...)
+            entry = loads(plaintext.decode("utf-8"))
         except (crypto.CryptoFailure, ValueError, UnicodeDecodeError) as exc:
             raise corrupt("a log entry failed authentication") from exc
         if not isinstance(entry, dict):
