@@ -18,8 +18,9 @@ from .state import STATE, call, emit_json, fmt_time, notice, table
 
 grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True, rich_markup_mode=None)
 
-SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "forget", "forget-all")
-DEFAULT_SCOPE = "search,read,retrieve"  # write scopes (remember, forget, forget-all) only when named
+SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "capture", "forget", "forget-all")
+DEFAULT_SCOPE = "search,read,retrieve"  # write scopes (remember, capture, forget, forget-all) only when named
+WRITE_SCOPES = ("remember", "capture", "forget", "forget-all")
 DEFAULT_TTL = "24h"
 GRANT_ENV = "MEMORIES_GRANT"
 _TTL = re.compile(r"^([1-9][0-9]{0,9})([smhd])$")
@@ -78,7 +79,8 @@ def create(
         typer.Option(
             "--scope",
             help="Comma-separated scopes. Reading: search, read, retrieve, ask, context. Writing (never a default): "
-            "remember (add or revise facts), forget, forget-all (every fact, or every record of a kind; implies forget).",
+            "remember (add or revise facts), capture (file a conversation), forget, forget-all (every fact, or every "
+            "record of a kind; implies forget).",
         ),
     ] = DEFAULT_SCOPE,
     ttl: Annotated[str, typer.Option("--ttl", help="Lifetime: 90s, 30m, 8h, 7d or never.")] = DEFAULT_TTL,
@@ -103,7 +105,7 @@ def create(
         f"Created grant {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
         f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
     )
-    writes = [s for s in out["scopes"] if s in ("remember", "forget", "forget-all")]
+    writes = [s for s in out["scopes"] if s in WRITE_SCOPES]
     if writes:
         notice(f"This grant may change the vault ({', '.join(writes)}): grant write scopes only to tools you trust.")
     notice("The token is shown only now. Anyone holding it can use these scopes while the vault is unlocked;")

@@ -13,10 +13,13 @@ import typer
 from memoriesd import __version__
 from memoriesd.errors import MemoriesError, UsageError
 
+from .conversation_cmds import register as _register_conversations
+from .extract_cmds import register as _register_extract
 from .grant_cmds import register as _register_grants
 from .memory_cmds import memory_app
 from .rag_cmds import register as _register_rag
 from .state import STATE, fail
+from .tidy_cmds import register as _register_tidy
 from .vault_cmds import daemon_app, vault_app
 
 app = typer.Typer(
@@ -39,6 +42,9 @@ app.add_typer(daemon_app, name="daemon")
 # silently dropping `rag` or `grant` ("No such command").
 _register_rag(app)
 _register_grants(app)
+_register_conversations(app)
+_register_extract(app)
+_register_tidy(app)
 
 
 def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:

@@ -157,7 +157,7 @@ def history(
 @memory_app.command("list")
 def list_(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    kind: Annotated[str | None, typer.Option("--kind", help="Only this kind (memory, card, fact, credential, file).")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only this kind (memory, card, fact, conversation, credential, file).")] = None,
     category: Annotated[str | None, typer.Option("--category", help="With --kind fact: only this category (profile, preference, decision, pattern, fact).")] = None,
 ) -> None:
     """List records, newest first. --kind fact lists the current facts with their category, key and recalls."""
@@ -285,7 +285,7 @@ def forget(
     query: Annotated[str | None, typer.Option("--query", help="Forget by what records say (see --scope).")] = None,
     scope: Annotated[str, typer.Option("--scope", help="With --query: specific (the best-matching record, default) or topic (every record on it).")] = "specific",
     all_: Annotated[bool, typer.Option("--all", help="Every fact (with --kind: every record of that kind).")] = False,
-    kind: Annotated[str | None, typer.Option("--kind", help="With --all: memory, card, fact, credential or file.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="With --all: memory, card, fact, conversation, credential or file.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be forgotten.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask (needed off a terminal).")] = False,
 ) -> None:

@@ -16,6 +16,7 @@ import typer
 from memoriesd.errors import MemoriesError, UsageError
 from memoriesd.text.humanize import duration
 
+from .conversation_cmds import titled
 from .state import STATE, call, echo, emit_json, fmt_time, notice, report, safe_text, table
 
 rag_app = typer.Typer(help="Ingest documents, keep folders in sync, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
@@ -25,16 +26,19 @@ MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all
 Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
 CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
 NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
-Kind = Annotated[list[str] | None, typer.Option("--kind", help="Only records of this kind: memory, card or fact (repeatable: any of them).")]
+Kind = Annotated[list[str] | None, typer.Option("--kind", help="Only records of this kind: memory, card, fact or conversation (repeatable: any of them).")]
 Category = Annotated[list[str] | None, typer.Option("--category", help="Only facts of this category: profile, preference, decision, pattern or fact (repeatable: any of them).")]
 Tag = Annotated[list[str] | None, typer.Option("--tag", help="Only records with this tag (repeatable: every one of them).")]
-Since = Annotated[str | None, typer.Option("--since", help="Only records dated on or after this ISO date (YYYY-MM-DD): front matter date:, else the day the record was created.")]
+Since = Annotated[str | None, typer.Option("--since", help="Only records dated on or after this ISO date (YYYY-MM-DD): a conversation's session date, else front matter date:, else the day the record was created.")]
 Until = Annotated[str | None, typer.Option("--until", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
+Speaker = Annotated[list[str] | None, typer.Option("--speaker", help="Only conversation excerpts holding a turn by this speaker (case-insensitive; repeatable: any of them).")]
 
 
-def _filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None) -> dict[str, Any]:
-    """The request params of --kind, --category, --tag, --since and --until (the daemon validates them)."""
+def _filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None, speaker: list[str] | None = None) -> dict[str, Any]:
+    """The request params of --kind, --category, --tag, --since, --until and --speaker (the daemon validates them)."""
     out: dict[str, Any] = {}
+    if speaker:
+        out["speakers"] = speaker
     if kind:
         out["kinds"] = kind
     if category:
@@ -171,7 +175,7 @@ def _print_fragments(out: dict[str, Any]) -> None:
     for r in out["results"]:
         text = " ".join(r["text"].split())
         fingerprint = str(r.get("fingerprint") or "")[:FINGERPRINT_SHOWN]  # a prefix of --json's 32 hex
-        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", r["title"], f"{r['record_id']}@{r['revision']}", fingerprint, f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
+        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", titled(r), f"{r['record_id']}@{r['revision']}", fingerprint, f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
     table(["", "SCORE", "TITLE", "RECORD@REV", "FINGERPRINT", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
 
 
@@ -193,11 +197,12 @@ def search(
     tag: Tag = None,
     since: Since = None,
     until: Until = None,
+    speaker: Speaker = None,
 ) -> None:
     """Search fragments, best first, each with a citation label [S1], [S2]... The filters (--kind, --category,
-    --tag, --since, --until) narrow both the lexical and the vector candidates before they are ranked."""
+    --tag, --since, --until, --speaker) narrow both the lexical and the vector candidates before they are ranked."""
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
-    params.update(_filters(kind, category, tag, since, until))
+    params.update(_filters(kind, category, tag, since, until, speaker))
     if mode:
         params["mode"] = mode
     if min_score is not None:
@@ -421,15 +426,20 @@ def context(
     tag: Tag = None,
     since: Since = None,
     until: Until = None,
+    speaker: Speaker = None,
+    mode: Mode = None,
 ) -> None:
     """A context pack for an assistant, within a token budget: the profile and preference facts first, then
-    the memories most relevant to the query (hybrid search), each labelled [S1], [S2]... and always whole.
-    The filters (--kind, --category, --tag, --since, --until) apply to every item, profile facts included.
-    Prints plain text ready to paste into a prompt; --json gives the items with their token counts."""
+    the memories most relevant to the query (hybrid search by default), each labelled [S1], [S2]... and always
+    whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
+    --until, --speaker) apply to every item, profile facts included. Prints plain text ready to paste into a
+    prompt; --json gives the items with their token counts and byte ranges (start, end)."""
     params: dict[str, Any] = {"vault": vault, "query": query}
-    params.update(_filters(kind, category, tag, since, until))
+    params.update(_filters(kind, category, tag, since, until, speaker))
     if budget is not None:
         params["budget"] = budget
+    if mode:
+        params["mode"] = mode
     out = call("rag.context", params)
     if STATE.json:
         emit_json({k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "items", "left_out", "text", "notices") if k in out})
@@ -478,16 +488,22 @@ def memory_search(
     limit: Limit = 10,
     match_mode: MatchMode = "any",
     cards_only: CardsOnly = False,
+    since: Since = None,
+    until: Until = None,
+    speaker: Speaker = None,
 ) -> None:
-    """Lexical search, one line per record (title, id, revision, score, snippet)."""
-    out = call("memory.search", {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only})
+    """Lexical search, one line per record (title, id, revision, score, snippet). --since, --until and
+    --speaker narrow it as for `rag search` (with --speaker, the snippet is an excerpt by the speaker)."""
+    params: dict[str, Any] = {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only}
+    params.update(_filters(None, None, None, since, until, speaker))
+    out = call("memory.search", params)
     if STATE.json:
         emit_json({"results": out["results"], "ignored_terms": out["ignored_terms"]})
         return
     if not out["results"]:
         notice("nothing found")
         return
-    table(["TITLE", "ID", "REV", "SCORE", "SNIPPET"], [[r["title"], r["id"], r["revision"], f"{r['score']:.4f}", r["snippet"][:120]] for r in out["results"]])
+    table(["TITLE", "ID", "REV", "SCORE", "SNIPPET"], [[titled(r), r["id"], r["revision"], f"{r['score']:.4f}", r["snippet"][:120]] for r in out["results"]])
 
 
 def register(app: typer.Typer) -> None:

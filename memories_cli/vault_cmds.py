@@ -177,18 +177,23 @@ def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> 
 def policy(
     vault: Annotated[str, typer.Argument(help="Vault id or name (must be unlocked).")],
     device_only: Annotated[str | None, typer.Option("--device-only", help="on or off.")] = None,
+    extract: Annotated[bool | None, typer.Option("--extract/--no-extract", help="Extract facts from conversations after capture (default on).")] = None,
 ) -> None:
-    """Show or set a vault's policy (device-only: its text never leaves this machine)."""
+    """Show or set a vault's policy (device-only: its text never leaves this machine; extract: facts are
+    extracted from conversations after `memory capture`)."""
     params: dict[str, Any] = {"vault": vault}
     if device_only is not None:
         if device_only not in ("on", "off"):
             raise UsageError("--device-only takes on or off")
         params["device_only"] = device_only == "on"
+    if extract is not None:
+        params["extract"] = extract
     out = call("vault.policy", params)
     if STATE.json:
         emit_json(out)
     else:
         print(f"device-only: {'on' if out['device_only'] else 'off'}")
+        print(f"extract: {'on' if out.get('extract', True) else 'off'}")
 
 
 # ------------------------------------------------------------------------- daemon

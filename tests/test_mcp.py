@@ -181,7 +181,8 @@ def test_tools_are_listed_with_schemas_read_only_hints_and_the_data_notice(env: 
 
     tools = {t.name: t for t in with_mcp(env, grant(env)["token"], go)}
     assert set(tools) == {"memory_search", "memory_read", "memory_retrieve", "memory_ask",
-                          "memory_context", "memory_remember", "memory_forget"}  # writes: tests/test_agent_writes.py
+                          "memory_context", "memory_remember", "memory_capture", "memory_forget"}
+    # writes: tests/test_agent_writes.py, tests/test_conversation_recall.py
     expected = {
         "memory_search": ({"query"}, {"query", "limit", "match_mode"}),
         "memory_read": ({"id"}, {"id", "revision"}),

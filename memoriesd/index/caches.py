@@ -53,7 +53,12 @@ def meta_text(rec: Record) -> str:
 def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
     """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
     (the vault's fingerprint subkey), and its searchable title and metadata."""
-    frags = split_fragments(rec.id, rec.revision, rec.body, fp_key)
+    if rec.kind == "conversation":  # cut at turn boundaries
+        from ..conversations.fragments import split_conversation
+
+        frags = split_conversation(rec, fp_key)
+    else:
+        frags = split_fragments(rec.id, rec.revision, rec.body, fp_key)
     if not frags and rec.title.strip():
         # A title-only record: one empty fragment so its title and metadata are searchable.
         frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
@@ -72,6 +77,7 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
         meta_text=meta_text(rec),
         source=str(source) if source else None,
         fragments=fragments,
+        when=(str(rec.meta.get("session_when") or "") or None) if rec.kind == "conversation" else None,
     )
 
 
@@ -89,6 +95,8 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
     """
     title = doc.title.strip()
     text = frag.text
+    if doc.when:  # a conversation: "who and when" in the title the embedder reads
+        return (f"{title} ({doc.when})" if title else doc.when), text
     if not title:
         return None, text
     if frag.start == 0:

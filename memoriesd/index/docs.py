@@ -28,6 +28,7 @@ class IndexedDoc:
     meta_text: str
     source: str | None
     fragments: tuple[Fragment, ...]
+    when: str | None = None  # a conversation's session date in words (part of its embedding title)
 
     @functools.cached_property
     def source_bytes(self) -> int:

@@ -23,8 +23,15 @@ takes further profile items that fit.
 
 Every fact in a pack counts as a recall (:mod:`memoriesd.memory.recalls`).
 
-Filters (``--kind``, ``--category``, ``--tag``, ``--since/--until``: :mod:`memoriesd.rag.filters`)
-apply to every item of the pack: profile facts that do not pass are left out, like the search's.
+Filters (``--kind``, ``--category``, ``--tag``, ``--since/--until``, ``--speaker``:
+:mod:`memoriesd.rag.filters`) apply to every item of the pack: profile facts that do not pass are
+left out, like the search's.
+
+An excerpt of a conversation shows its session date and the speakers of its turns in its line
+(``[S3] Title (8 May 2023, 1:56 pm; Caroline, Melanie): ...``) and, in JSON, ``conversation``:
+``{date, when, speakers, turns, refs}`` as search results have. Every JSON item carries ``start``
+and ``end``: the byte range of its fragment in the record body (null for profile facts, which are
+whole records).
 """
 
 from __future__ import annotations
@@ -32,13 +39,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..conversations.excerpt import excerpts
+from ..conversations.fragments import conversation_view
 from ..errors import UsageError
 from ..vault.store import VaultStore
 from .facts import KIND, category_of, current_facts, profile_order
 
+CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
 RELEVANT_HEADING = "## Relevant memories"
 MIN_BUDGET = 32
@@ -101,10 +111,17 @@ class PackItem:
     source: str | None
     block: str  # profile | relevant
     cost: int = 0  # tokens of its line without the label, plus the line break
+    start: int | None = None  # the fragment's byte range in the record body (None: the whole record)
+    end: int | None = None
+    conversation: dict[str, Any] | None = field(default=None)  # a conversation excerpt: date, speakers, turns
+    alt: PackItem | None = None  # a shorter excerpt to take when the whole item does not fit
 
     def line(self, label: str) -> str:
         if self.category is not None:
             return f"[{label}] ({self.category}) {self.text}"
+        about = _about(self.conversation) if self.conversation is not None else ""
+        if about:
+            return f"[{label}] {self.title} ({about}): {self.text}" if self.title else f"[{label}] ({about}) {self.text}"
         if self.title:
             return f"[{label}] {self.title}: {self.text}"
         return f"[{label}] {self.text}"
@@ -117,15 +134,26 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _about(conv: dict[str, Any]) -> str:
+    """A conversation excerpt's session day for its line ("8 May 2023"); its speakers are already in
+    its text (``Name: ...``) and in the JSON item, so the line does not spend tokens on them again."""
+    when = conv.get("when")
+    if when:
+        return str(when).split(",")[0]
+    return str(conv.get("date") or "")
+
+
 def _take(items: list[PackItem], room: int, label_cost: int) -> tuple[list[PackItem], int]:
-    """Items in order that fit whole into ``room`` tokens (one that does not fit is skipped)."""
+    """Items in order that fit whole into ``room`` tokens (one that does not fit is replaced by its
+    shorter excerpt when that fits, else skipped)."""
     chosen: list[PackItem] = []
     used = 0
     for it in items:
-        cost = it.cost + label_cost
-        if used + cost <= room:
-            chosen.append(it)
-            used += cost
+        for form in (it, it.alt):
+            if form is not None and used + form.cost + label_cost <= room:
+                chosen.append(form)
+                used += form.cost + label_cost
+                break
     return chosen, used
 
 
@@ -171,10 +199,13 @@ def _counter(engine: Any) -> TokenCounter:
         return TokenCounter(None)
 
 
-def build_pack(app: Any, store: VaultStore, query: str, budget: int, ctx: Any, flt: Any = None) -> dict[str, Any]:
+def build_pack(
+    app: Any, store: VaultStore, query: str, budget: int, ctx: Any, flt: Any = None, mode: str | None = None
+) -> dict[str, Any]:
     """The ``rag.context`` answer: budget, used tokens, the items and the plain text.
 
-    ``flt``: a :class:`~memoriesd.rag.filters.RecordFilter` every item must pass (None: all)."""
+    ``flt``: a :class:`~memoriesd.rag.filters.RecordFilter` every item must pass (None: all);
+    ``mode``: the search's (bm25, vector, hybrid; None: hybrid when a model is usable, else bm25)."""
     from ..rag.search import SearchRequest, run_search
     from .recalls import note_recalls
 
@@ -189,8 +220,9 @@ def build_pack(app: Any, store: VaultStore, query: str, budget: int, ctx: Any, f
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
     in_profile = {f.id for f in profile_facts}
-    out = run_search(engine, store, SearchRequest(query=query, limit=cfg.context_items, evidence_floor=True, filters=flt), ctx)
-    relevant: list[PackItem] = []
+    req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt)
+    out = run_search(engine, store, req, ctx)
+    found: list[tuple[Any, Any, float, Any]] = []  # (doc, frag, score, record of a fact or conversation)
     for c in out.hits:
         got = out.fragment(c.frag_id)
         if got is None:
@@ -198,20 +230,39 @@ def build_pack(app: Any, store: VaultStore, query: str, budget: int, ctx: Any, f
         doc, frag = got
         if doc.record_id in in_profile or not frag.text.strip():
             continue
-        category = None
-        if doc.kind == KIND:
+        rec = None
+        if doc.kind in (KIND, CONVERSATION):
             try:
-                category = category_of(store.get(doc.record_id))
+                # a conversation's turn offsets are those of the indexed revision
+                rec = store.get(doc.record_id, doc.revision if doc.kind == CONVERSATION else None)
             except Exception:  # noqa: BLE001 - changed meanwhile: not in this pack
                 continue
-        score = c.rerank_score if c.rerank_score is not None else c.score
-        relevant.append(
-            PackItem(doc.record_id, doc.revision, doc.kind, category, "" if doc.kind == KIND else _flat(doc.title),
-                     _flat(frag.text), round(float(score), 6), doc.source, "relevant")
-        )
+        found.append((doc, frag, c.rerank_score if c.rerank_score is not None else c.score, rec))
+    # A conversation fragment that no longer fits whole may still fit as an excerpt of the few turns
+    # that match the query best (conversations.excerpt): the pack then holds more distinct hits.
+    convs = [(rec, frag.start, frag.end) for doc, frag, _, rec in found if doc.kind == CONVERSATION]
+    cuts = iter(excerpts(query, convs))
+    relevant: list[PackItem] = []
+    for doc, frag, score, rec in found:
+        category = None
+        conversation = None
+        if doc.kind == KIND:
+            category = category_of(rec)
+        elif doc.kind == CONVERSATION:
+            conversation = conversation_view(rec, frag.start, frag.end)
+        item = PackItem(doc.record_id, doc.revision, doc.kind, category, "" if doc.kind == KIND else _flat(doc.title),
+                        _flat(frag.text), round(float(score), 6), doc.source, "relevant",
+                        start=frag.start, end=frag.end, conversation=conversation)
+        if doc.kind == CONVERSATION and (cut := next(cuts)) is not None:
+            text = rec.body.encode("utf-8")[cut.start : cut.end].decode("utf-8")
+            item.alt = replace(item, text=_flat(text), start=cut.start, end=cut.end,
+                               conversation=conversation_view(rec, cut.start, cut.end))
+        relevant.append(item)
     count = _counter(engine)
     for it in profile + relevant:
         it.cost = count(it.body()) + 1
+        if it.alt is not None:
+            it.alt.cost = count(it.alt.body()) + 1
     chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count)
     items: list[dict[str, Any]] = []
     lines: list[str] = []
@@ -240,6 +291,9 @@ def build_pack(app: Any, store: VaultStore, query: str, budget: int, ctx: Any, f
                     "score": it.score,
                     "source": it.source,
                     "block": it.block,
+                    "start": it.start,
+                    "end": it.end,
+                    "conversation": it.conversation,
                 }
             )
     note_recalls(app, store, [i["record_id"] for i in items])

@@ -144,6 +144,7 @@ class RememberRequest:
     importance: float | None = None
     tags: tuple[str, ...] = ()
     skip_private: bool = False  # a grant's fact: private facts are neither matched nor revised
+    source: dict[str, Any] | None = None  # where it was extracted from: meta["from"] (conversations.extract)
 
 
 @dataclass
@@ -351,6 +352,8 @@ def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> 
             meta: dict[str, Any] = {"category": req.category}
             if key:
                 meta["key"] = key
+            if req.source is not None:
+                meta["from"] = req.source
             pmeta = {"importance": req.importance if req.importance is not None else DEFAULT_IMPORTANCE}
             rec = Record(new_record_id(), 1, KIND, "", req.text, False, req.tags, meta=meta, private_meta=pmeta, created=t, updated=t)
             store.commit([rec])
@@ -365,6 +368,8 @@ def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> 
         meta["category"] = req.category
         if key:
             meta["key"] = key
+        if req.source is not None:
+            meta["from"] = req.source
         new = Record(
             old.id,
             old.revision + 1,

@@ -2,7 +2,7 @@
 
 Constraints hold in every mode: ``match_mode`` all/phrase filters vector and hybrid candidates
 through the BM25 index; ``cards_only``, the record filters (``--kind``, ``--category``, ``--tag``,
-``--since/--until``: :mod:`memoriesd.rag.filters`) and the private/credential/file exclusions
+``--since/--until``, ``--speaker``: :mod:`memoriesd.rag.filters`) and the private/credential/file exclusions
 (those records are never indexed) apply everywhere. Filters narrow the candidates of each side
 before fusion: the vector search runs over the allowed fragments only, and BM25 takes enough
 candidates for the share of fragments that pass, widened x4 at a time (up to the index's bound of
@@ -25,7 +25,7 @@ from ..index.caches import VaultIndex
 from ..text.humanize import duration
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
-from .filters import RecordFilter
+from .filters import Allowed, RecordFilter, overlaps
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
 
 MODES = ("bm25", "vector", "hybrid")
@@ -50,7 +50,7 @@ class SearchRequest:
     fusion: str | None = None  # None = [rag] fusion
     evidence_floor: bool = False  # `ask`: without min_score, drop vector neighbours under the model's floor
     candidates: int | None = None
-    filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until
+    filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
 
 
 @dataclass
@@ -81,8 +81,9 @@ def _check(req: SearchRequest) -> None:
         raise QueryInvalid("--min-score is a cosine similarity between -1 and 1")
 
 
-def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest, records: set[str] | None = None) -> list[int]:
-    """The fragments that pass ``cards_only`` and, when given, belong to one of ``records``."""
+def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest, records: Allowed | None = None) -> list[int]:
+    """The fragments that pass ``cards_only`` and, when given, belong to one of ``records`` (and
+    overlap one of the byte ranges it names for the record: ``--speaker``)."""
     if not req.cards_only and records is None:
         return frag_ids
     out = []
@@ -90,19 +91,23 @@ def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest, records: 
         got = idx.get_fragment(fid)
         if got is None or (req.cards_only and got[0].kind != "card"):
             continue
-        if records is None or got[0].record_id in records:
+        if records is None:
             out.append(fid)
+        elif got[0].record_id in records:
+            spans = records[got[0].record_id]
+            if spans is None or overlaps(spans, got[1].start, got[1].end):
+                out.append(fid)
     return out
 
 
-def _allowed_fragments(idx: VaultIndex, req: SearchRequest, records: set[str] | None) -> set[int]:
+def _allowed_fragments(idx: VaultIndex, req: SearchRequest, records: Allowed | None) -> set[int]:
     """Every live fragment a narrowed search may return (cards_only and/or the filters' records)."""
     assert idx.bm25 is not None
     pool = idx.live_frag_ids() if records is None else [fid for rid in records for fid in idx.bm25.frag_ids(rid)]
     return set(_allowed(idx, pool, req, records))
 
 
-def _narrowed_bm25(idx: VaultIndex, req: SearchRequest, records: set[str] | None, want: int) -> tuple[list[Any], int]:
+def _narrowed_bm25(idx: VaultIndex, req: SearchRequest, records: Allowed | None, want: int) -> tuple[list[Any], int]:
     """BM25 candidates that pass the narrowing, enough of them: ``(hits, ignored_terms)``.
 
     The first candidate count allows for the share of fragments that may pass (twice ``want``
@@ -157,7 +162,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     k = req.rrf_k or engine.config.rag.rrf_k
     out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
     # The records the filters keep (None: no filter); fragments of other records are never candidates.
-    records = req.filters.record_ids(store) if req.filters is not None and req.filters.active else None
+    records = req.filters.allowed_records(store) if req.filters is not None and req.filters.active else None
     narrowed = req.cards_only or records is not None
     t_index = time.perf_counter()
     out.timings["index_ms"] = (t_index - t0) * 1000
@@ -295,8 +300,24 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
+def conversation_info(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any] | None:
+    """A conversation fragment's ``{date, when, speakers, turns, refs}`` (None for other kinds, or
+    when the indexed revision is gone meanwhile)."""
+    if doc.kind != "conversation":
+        return None
+    from ..conversations.fragments import conversation_view
+    from ..errors import MemoriesError
+
+    try:
+        rec = out.index.store.get(doc.record_id, doc.revision)
+    except MemoriesError:
+        return None
+    return conversation_view(rec, frag.start, frag.end)
+
+
 def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
-    """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order."""
+    """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order.
+    A conversation's fragment also carries ``conversation`` (:func:`conversation_info`)."""
     items = []
     found = [(c, got) for c in out.hits if (got := out.fragment(c.frag_id)) is not None]
     for i, (c, (doc, frag)) in enumerate(found, start=1):
@@ -319,6 +340,7 @@ def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
                 "text": frag.text,
                 "source": doc.source,
             }
+            | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
         )
     return items
 
@@ -342,7 +364,7 @@ def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
             "score": round(float(score), 6),
             "snippet": snippet(frag.text),
             "source": doc.source,
-        }
+        } | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
         if len(seen) >= limit:
             break
     return list(seen.values())

@@ -46,7 +46,16 @@ from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
 from ..watch import WatchService  # noqa: E402
-from . import grants, handlers, memory_handlers, protocol, rag_handlers  # noqa: E402
+from . import (  # noqa: E402
+    conversation_handlers,
+    extract_handlers,
+    grants,
+    handlers,
+    memory_handlers,
+    protocol,
+    rag_handlers,
+    tidy_handlers,
+)
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
 from .lograte import LogRateLimit, installed_limits  # noqa: E402
@@ -54,7 +63,7 @@ from .lograte import LogRateLimit, installed_limits  # noqa: E402
 # Every method family, imported eagerly and unconditionally: each module registers its methods in
 # HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
 # method" for a whole family later).
-METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers)
+METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers, tidy_handlers, conversation_handlers, extract_handlers)
 
 log = logging.getLogger("memoriesd")
 

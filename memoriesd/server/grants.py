@@ -11,9 +11,9 @@ The hooks :func:`authorize` and :func:`filter_result` run around every handler o
 that presented a grant (see ``App.dispatch``). Work in flight re-verifies the grant through
 ``ctx.checks``, so expiry, revocation and lock cancel it and a late result is dropped.
 
-Write scopes (``remember``, ``forget``, ``forget-all``) are never defaults. A granted write runs
-``ctx.check_cancelled()`` under the vault's store lock right before its commit (``facts.remember``,
-``forget.purge``), and ``grant.revoke`` deletes the grant under that same lock: a write either
+Write scopes (``remember``, ``capture``, ``forget``, ``forget-all``) are never defaults. A granted
+write runs ``ctx.check_cancelled()`` under the vault's store lock right before its commit
+(``facts.remember``, the conversation capture, ``forget.purge``), and ``grant.revoke`` deletes the grant under that same lock: a write either
 committed before the revocation, or it is cancelled and nothing of it is written. A granted write
 sees only what the grant could see: ``memory.remember`` never matches (so never revises or
 reveals) a private fact, and ``memory.forget`` can name only records a grant may see (private
@@ -41,10 +41,10 @@ log = logging.getLogger("memoriesd.grants")
 
 TOKEN_PREFIX = "mg_"
 SETTING_PREFIX = "grant."
-SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "forget", "forget-all")
+SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "capture", "forget", "forget-all")
 DEFAULT_SCOPES = ("search", "read", "retrieve")
 #: Scopes that change the vault: never granted unless asked for by name.
-WRITE_SCOPES = ("remember", "forget", "forget-all")
+WRITE_SCOPES = ("remember", "capture", "forget", "forget-all")
 #: Scopes that show stored text; a write's reply quotes stored text only to a grant holding one.
 TEXT_SCOPES = ("search", "read", "retrieve", "context")
 DEFAULT_TTL_SECONDS = 24 * 3600
@@ -62,6 +62,7 @@ SCOPE_OF_METHOD = {
     "rag.ask": "ask",
     "rag.context": "context",
     "memory.remember": "remember",
+    "memory.capture": "capture",
     "memory.forget": "forget",
 }
 # Parameters a grant may choose per method; everything else (vault, with_data, tuning) is dropped.
@@ -73,6 +74,8 @@ ALLOWED_PARAMS = {
     "rag.context": ("query", "budget"),
     # Facts only: no tags, no kind, no id: a grant cannot edit or delete anything with it.
     "memory.remember": ("text", "category", "key", "importance"),
+    # A conversation the assistant had: its text and how to read it; never a record id or tags.
+    "memory.capture": ("text", "format", "title", "date", "session_id", "extract"),
     "memory.forget": ("ids", "query", "scope", "all", "kind", "dry_run"),
 }
 _ID = re.compile(r"^[a-z0-9]{6,32}$")
@@ -259,7 +262,8 @@ def authorize(app: Any, ctx: Context, method_name: str) -> None:
     scope = SCOPE_OF_METHOD.get(method_name)
     if scope is None:
         raise ScopeDenied(
-            "a grant may only search, read, retrieve, ask, get context, remember facts and forget: vault "
+            "a grant may only search, read, retrieve, ask, get context, remember facts, capture conversations and "
+            "forget: vault "
             "management, config and other methods need the person's own `memories` CLI"
         )
     store, rec = verify(app, grant)
@@ -356,6 +360,8 @@ def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, An
         return result
     if method_name == "memory.remember":
         return _remember_view(result, rec)
+    if method_name == "memory.capture":
+        return _capture_view(result, rec)
     if method_name == "memory.forget":
         return _forget_view(store, result, rec)
     if method_name == "rag.ask":
@@ -381,6 +387,32 @@ def _remember_view(result: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any
     out["previous"] = None
     if isinstance(prev, dict):
         out["previous"] = {"revision": prev.get("revision")} | ({"text": prev.get("text")} if _shows_text(rec) else {})
+    return out
+
+
+def _capture_view(result: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    """``memory.capture``'s reply to a grant: what happened to each session; a stored title only when
+    the grant created it or may read stored text; extraction as counts."""
+    text = _shows_text(rec)
+    rows = []
+    for r in result.get("records", []):
+        row = {k: r.get(k) for k in ("id", "revision", "status", "session_id", "date", "turns")}
+        row["title"] = r.get("title", "") if text or r.get("status") == "created" else ""
+        rows.append(row)
+    out: dict[str, Any] = {"format": result.get("format"), "records": rows}
+    extraction = result.get("extraction")
+    out["extraction"] = _extraction_view(extraction) if isinstance(extraction, dict) else None
+    return out
+
+
+def _extraction_view(extraction: dict[str, Any]) -> dict[str, Any]:
+    """Which path ran and how much it found: scalars other than text, lists as their lengths."""
+    out: dict[str, Any] = {}
+    for k, v in extraction.items():
+        if isinstance(v, (list, tuple)):
+            out[k] = len(v)
+        elif isinstance(v, (bool, int, float)) or v is None or (isinstance(v, str) and len(v) <= 40 and k != "summary"):
+            out[k] = v
     return out
 
 

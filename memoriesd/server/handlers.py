@@ -200,7 +200,14 @@ def vault_policy(app: Any, ctx: Context) -> dict[str, Any]:
     device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
-    return {"vault_id": store.vault_id, "device_only": bool(store.settings.get("policy.device_only", False))}
+    extract = ctx.params.flag("extract", None)  # conversations.extract: extraction after capture
+    if extract is not None:
+        store.commit([Setting("policy.extract", extract)])
+    return {
+        "vault_id": store.vault_id,
+        "device_only": bool(store.settings.get("policy.device_only", False)),
+        "extract": bool(store.settings.get("policy.extract", True)),
+    }
 
 
 # ---------------------------------------------------------------------------- records

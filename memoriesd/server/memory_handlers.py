@@ -15,6 +15,7 @@ from ..memory.context import build_pack
 from ..memory.facts import CATEGORIES, KIND, RememberRequest, current_facts, fact_view, remember
 from ..memory.forget import SCOPES, purge, select_all, select_ids, select_query
 from ..memory.recalls import recalls_of
+from ..rag.search import MODES
 from ..vault.records import KINDS
 from ..vault.store import VaultStore
 from .context import Context
@@ -117,7 +118,8 @@ def rag_context(app: Any, ctx: Context) -> dict[str, Any]:
     flt = search_filter(p)
     if p.flag("cards_only", False):  # a cards-only grant: the pack holds cards only
         flt = flt.only_cards()
-    return build_pack(app, store, p.text("query", max_len=10_000), budget, ctx, flt)
+    mode = p.choice("mode", MODES, None)
+    return build_pack(app, store, p.text("query", max_len=10_000), budget, ctx, flt, mode)
 
 
 __all__ = ["memory_facts", "memory_forget", "memory_remember", "rag_context", "KIND"]

@@ -45,13 +45,14 @@ def _search_request(ctx: Context, *, query_key: str = "query", default_limit: in
 
 
 def search_filter(p: Params) -> RecordFilter:
-    """``kinds``, ``categories``, ``tags`` (lists), ``since`` and ``until`` (ISO dates) of a request."""
+    """``kinds``, ``categories``, ``tags``, ``speakers`` (lists), ``since`` and ``until`` (ISO dates) of a request."""
     return make_filter(
         p.texts("kinds", []),
         p.texts("categories", []),
         p.texts("tags", []),
         p.text("since", None, max_len=40),
         p.text("until", None, max_len=40),
+        p.texts("speakers", []),
     )
 
 
@@ -78,6 +79,14 @@ def _searchable(store: VaultStore, record_id: str, cards_only: bool, flt: Record
     return rec.searchable and (not cards_only or rec.kind == "card") and (flt is None or flt.keeps(rec))
 
 
+def _speaker_fragment(store: VaultStore, record_id: str, frag: Any, flt: RecordFilter) -> bool:
+    """Whether this fragment of a record holds a turn by one of the filter's speakers."""
+    try:
+        return flt.keeps_fragment(store.get(record_id), frag.start, frag.end)
+    except NotFound:
+        return False
+
+
 def _best_per_record(
     store: VaultStore, idx: Any, hits: list[Candidate], limit: int, cards_only: bool, flt: RecordFilter | None = None
 ) -> list[Candidate]:
@@ -94,6 +103,8 @@ def _best_per_record(
         if not _searchable(store, record_id, cards_only, flt):
             skipped.add(record_id)
             continue
+        if flt is not None and flt.speakers and not _speaker_fragment(store, record_id, got[1], flt):
+            continue  # --speaker: another fragment of the record may still be by them
         best[record_id] = c
         if len(best) >= limit:
             break

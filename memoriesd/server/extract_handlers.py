@@ -1,0 +1,97 @@
+"""Protocol method ``memory.extract`` and the extraction that follows ``memory.capture``.
+
+Logic in :mod:`memoriesd.conversations.extract`. ``memory.extract`` {vault, record, path: auto,
+model, patterns} is the person's own command (not in the grant allowlist); it runs whatever the
+vault's ``policy.extract`` switch says, since the person asked for it by name. :func:`after_capture`
+is what ``memory.capture`` calls for the records it created or revised: nothing when the switch is
+off (the reply says so), a private record is skipped, a grant without the ``ask`` scope gets the
+pattern rules only, and a failure (a malformed reply, a service that does not answer) is reported
+in the result without undoing the capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..conversations.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
+from ..errors import MemoriesError
+from ..vault.records import Record
+from ..vault.store import VaultStore
+from .context import Context
+from .handlers import method
+
+#: Most records of one capture sent to the generation service; the others get the pattern rules.
+MAX_MODEL_RECORDS = 16
+OFF_NOTICE = "extraction is off for this vault: nothing was extracted (`memories vault policy VAULT --extract` turns it on)"
+
+
+@method("memory.extract")
+def memory_extract(app: Any, ctx: Context) -> dict[str, Any]:
+    """Extract facts (and with a model, a summary) from one conversation record."""
+    p = ctx.params
+    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    req = ExtractRequest(p.text("record", allow_empty=False, max_len=100), p.choice("path", PATHS, "auto"))
+    out = extract(app, store, req, ctx)
+    if not extract_enabled(store):
+        out["notices"].append("extraction after capture is off for this vault; this record was extracted because you asked for it")
+    return out
+
+
+def _grant_may_ask(app: Any, ctx: Context) -> bool:
+    if ctx.grant is None:
+        return True
+    from .grants import verify
+
+    _store, rec = verify(app, ctx.grant)
+    return "ask" in rec.get("scopes", ())
+
+
+def after_capture(app: Any, store: VaultStore, records: list[Record], ctx: Context) -> dict[str, Any]:
+    """The ``extraction`` of a ``memory.capture`` reply for the records it created or revised:
+    ``{path, summary, facts, rejected, notices, records: [{id, revision, path, facts, summary?, error?}]}``."""
+    if not extract_enabled(store):
+        return {"path": "off", "summary": None, "facts": [], "rejected": 0, "notices": [OFF_NOTICE], "records": []}
+    may_ask = _grant_may_ask(app, ctx)
+    facts: list[dict[str, Any]] = []
+    notices: list[str] = []
+    per: list[dict[str, Any]] = []
+    paths: list[str] = []
+    rejected = 0
+    for i, rec in enumerate(records):
+        if rec.private:
+            per.append({"id": rec.id, "revision": rec.revision, "path": "off", "facts": 0})
+            notices.append(f"conversation {rec.id} is private: nothing was extracted from it")
+            continue
+        path = "auto" if i < MAX_MODEL_RECORDS else "patterns"
+        req = ExtractRequest(rec.id, path, skip_private=ctx.grant is not None, model_allowed=may_ask)
+        try:
+            got = extract(app, store, req, ctx)
+        except MemoriesError as exc:
+            per.append({"id": rec.id, "revision": rec.revision, "path": "failed", "facts": 0,
+                        "error": {"code": exc.code, "message": exc.message}})
+            notices.append(f"conversation {rec.id}: {exc.message}")
+            if exc.code in ("vault_locked", "cancelled"):
+                break
+            continue
+        paths.append(got["path"])
+        facts.extend({**f, "conversation": rec.id} for f in got["facts"])
+        rejected += got["rejected"]
+        notices.extend(n for n in got["notices"] if n not in notices)
+        per.append({"id": rec.id, "revision": rec.revision, "path": got["path"], "facts": len(got["facts"]), "summary": got["summary"]})
+    if len(records) > MAX_MODEL_RECORDS and "model" in paths:
+        notices.append(
+            f"only the first {MAX_MODEL_RECORDS} sessions of this capture were sent to the model (at most "
+            f"{MAX_SEND_TOKENS:,} tokens each); the others got the pattern rules: `memories memory extract` sends one"
+        )
+    kinds = sorted(set(paths))
+    return {
+        "path": kinds[0] if len(kinds) == 1 else ("+".join(kinds) if kinds else "failed"),
+        "summary": per[0].get("summary") if len(per) == 1 else None,
+        "facts": facts,
+        "rejected": rejected,
+        "notices": notices,
+        "records": per,
+    }
+
+
+__all__ = ["after_capture", "memory_extract"]
