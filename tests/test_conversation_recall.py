@@ -193,8 +193,9 @@ def test_a_context_pack_shows_each_excerpt_with_its_speakers_date_and_byte_range
         assert conv["refs"] == []
         when = {env.a: "8 May 2023, 1:56 pm", env.b: "20 June 2023"}.get(rid)
         assert conv["when"] == when and conv["date"] == {env.a: "2023-05-08", env.b: "2023-06-20"}.get(rid)
-        about = "; ".join(x for x in (when, ", ".join(conv["speakers"])) if x)  # no date: the speakers alone
-        line = f"[{it['label']}] {it['title']} ({about}): {it['text']}"
+        # The line carries the session day; the speakers are in the text ("Carol: ...").
+        day = when.split(",")[0] if when else None
+        line = f"[{it['label']}] {it['title']} ({day}): {it['text']}" if day else f"[{it['label']}] {it['title']}: {it['text']}"
         assert line in pack["text"].splitlines()
     note = next(i for i in items if i["record_id"] == env.note)
     assert isinstance(note["start"], int) and note["end"] > note["start"] and note["conversation"] is None
@@ -203,7 +204,8 @@ def test_a_context_pack_shows_each_excerpt_with_its_speakers_date_and_byte_range
     r = run_cli(env.d.home, "rag", "context", env.v, "wombatbravo lighthouse ferry", "--mode", "bm25", "--budget", "4000")
     assert r.returncode == 0 and r.stdout == pack["text"]  # the plain text is the same pack
     bob = next(i for i in convs if i["record_id"] == env.a and "Bob" in i["conversation"]["speakers"])
-    assert f"(8 May 2023, 1:56 pm; {', '.join(bob['conversation']['speakers'])}): " in r.stdout
+    assert "Harbour walk (8 May 2023): " in r.stdout and "Bob: wombatbravo" in r.stdout
+    assert set(bob["conversation"]["speakers"]) == {"Alice", "Bob"}
 
 
 def test_a_context_pack_with_speaker_holds_only_their_excerpts(env: Env) -> None:
@@ -329,3 +331,23 @@ def test_grant_create_takes_the_capture_scope_and_says_it_writes(env: Env) -> No
     with pytest.raises(DaemonError) as bad:
         env.d.call("grant.create", {"vault": env.v, "scopes": ["capture", "write"]})
     assert "capture" in bad.value.message
+
+
+def test_a_conversation_fragment_too_long_for_the_pack_comes_as_an_excerpt_of_whole_turns(env: Env) -> None:
+    # Conversation A's fragments hold several long turns; a small budget cannot take one whole, so the
+    # pack shows the turns around the one that matches ("wombatbravo": Bob's), cut at turn boundaries.
+    pack = env.cli("rag", "context", env.v, "wombatbravo repaint", "--mode", "bm25", "--budget", "150")
+    convs = [i for i in pack["items"] if i["kind"] == "conversation" and i["record_id"] == env.a]
+    assert convs, pack["text"]
+    it = convs[0]
+    turns = env.turns(env.a)
+    assert it["start"] in {t[0] for t in turns} and it["end"] in {t[1] for t in turns}  # whole turns only
+    shown = [t for t in turns if it["start"] <= t[0] and t[1] <= it["end"]]
+    assert 1 <= len(shown) <= 3
+    body = env.body(env.a)
+    assert any(t[2] == "Bob" and "wombatbravo" in body[t[0] : t[1]].decode() for t in shown)
+    assert it["text"] == " ".join(body[it["start"] : it["end"]].decode("utf-8").split())
+    assert pack["used_tokens"] <= 150
+    # The fragment the search found is longer than what the pack shows of it.
+    hits = _search(env, "wombatbravo repaint", "--mode", "bm25", "--limit", "1")
+    assert hits[0]["record_id"] == env.a and hits[0]["end"] - hits[0]["start"] > it["end"] - it["start"]

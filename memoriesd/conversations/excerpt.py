@@ -26,7 +26,7 @@ from .fragments import TurnSpan, turn_spans
 
 #: Turns an excerpt keeps: the best-matching turn with the one before (often the question) and the
 #: one after (often the answer). Measured with scripts/eval_conversations.py (README, Conversations).
-EXCERPT_TURNS = 5
+EXCERPT_TURNS = 3
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,21 @@ class Excerpt:
     start: int
     end: int
     turns: tuple[int, ...]
+    best: tuple[int, int]  # the byte range of the best-matching turn alone (the shortest form)
 
 
 def excerpts(query: str, hits: Sequence[tuple[Record, int, int]]) -> list[Excerpt | None]:
     """For each ``(record, start, end)`` fragment of a conversation, the excerpt the pack shows,
-    or None to show the whole fragment (not turn-aligned, already short, or no turn matches)."""
+    or None to show only the whole fragment (not turn-aligned, a single turn, or no turn matches).
+    The excerpt of a fragment of at most :data:`EXCERPT_TURNS` turns is the whole fragment; its
+    best turn alone is still shorter."""
     windows: list[list[TurnSpan] | None] = []
     docs: list[IndexedDoc] = []
     first: list[int] = []  # index in docs of each window's first turn
     for n, (rec, start, end) in enumerate(hits):
         spans = [t for t in (turn_spans(rec) or []) if t.start < end and start < t.end]
         inside = bool(spans) and spans[0].start >= start and spans[-1].end <= end
-        if not inside or len(spans) <= EXCERPT_TURNS:
+        if not inside or len(spans) < 2:
             windows.append(None)
             first.append(len(docs))
             continue
@@ -80,7 +83,8 @@ def excerpts(query: str, hits: Sequence[tuple[Record, int, int]]) -> list[Excerp
             continue
         lo = max(0, min(best - EXCERPT_TURNS // 2, len(window) - EXCERPT_TURNS))
         chosen = window[lo : lo + EXCERPT_TURNS]
-        out.append(Excerpt(chosen[0].start, chosen[-1].end, tuple(t.index for t in chosen)))
+        top = window[best]
+        out.append(Excerpt(chosen[0].start, chosen[-1].end, tuple(t.index for t in chosen), (top.start, top.end)))
     return out
 
 

@@ -149,11 +149,13 @@ def _take(items: list[PackItem], room: int, label_cost: int) -> tuple[list[PackI
     chosen: list[PackItem] = []
     used = 0
     for it in items:
-        for form in (it, it.alt):
-            if form is not None and used + form.cost + label_cost <= room:
+        form: PackItem | None = it
+        while form is not None:
+            if used + form.cost + label_cost <= room:
                 chosen.append(form)
                 used += form.cost + label_cost
                 break
+            form = form.alt
     return chosen, used
 
 
@@ -254,15 +256,23 @@ def build_pack(
                         _flat(frag.text), round(float(score), 6), doc.source, "relevant",
                         start=frag.start, end=frag.end, conversation=conversation)
         if doc.kind == CONVERSATION and (cut := next(cuts)) is not None:
-            text = rec.body.encode("utf-8")[cut.start : cut.end].decode("utf-8")
-            item.alt = replace(item, text=_flat(text), start=cut.start, end=cut.end,
-                               conversation=conversation_view(rec, cut.start, cut.end))
+            # Shorter forms, tried in turn when the whole fragment does not fit: the few turns around
+            # the best match, then that turn alone.
+            last = item
+            for start, end in ((cut.start, cut.end), cut.best):
+                if (start, end) == (last.start, last.end):
+                    continue
+                text = rec.body.encode("utf-8")[start:end].decode("utf-8")
+                last.alt = replace(item, text=_flat(text), start=start, end=end, alt=None,
+                                   conversation=conversation_view(rec, start, end))
+                last = last.alt
         relevant.append(item)
     count = _counter(engine)
     for it in profile + relevant:
-        it.cost = count(it.body()) + 1
-        if it.alt is not None:
-            it.alt.cost = count(it.alt.body()) + 1
+        form: PackItem | None = it
+        while form is not None:
+            form.cost = count(form.body()) + 1
+            form = form.alt
     chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count)
     items: list[dict[str, Any]] = []
     lines: list[str] = []
