@@ -26,7 +26,6 @@ model's text; they name turn ids and keys only when those have the expected shap
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import Any
 
 from ..errors import InvalidModelOutput
 from ..memory.facts import CATEGORIES, MAX_CHARS, MAX_KEY, MIN_CHARS, normalise_key
+from ..rag.model_json import load_object
 
 __all__ = [
     "LISTS",
@@ -58,7 +58,6 @@ _ITEM_KEYS = frozenset({"category", "key", "text", "importance", "turns"})
 _TOP_KEYS = frozenset({"summary", *LISTS})
 _TURN_ID = re.compile(r"T[1-9][0-9]{0,5}")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_FENCE = re.compile(r"\A```[ \t]*(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\Z", re.DOTALL)
 _DELIM = re.compile(r"<(\s*/?\s*)(turn|transcript)\b", re.IGNORECASE)
 
 SYSTEM_PROMPT = f"""\
@@ -143,35 +142,8 @@ def _fail(why: str) -> InvalidModelOutput:
     return InvalidModelOutput(f"the model's extraction was rejected: {why}; nothing was written: run it again or try another model")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _fail("its JSON repeats a key")
-        out[key] = value
-    return out
-
-
 def _load(raw: str) -> dict[str, Any]:
-    text = raw.strip()
-    if text.startswith("```"):
-        m = _FENCE.match(text)
-        if m is None:
-            raise _fail("it is not one JSON object (a code fence around it was not closed or had text after it)")
-        text = m.group("body").strip()
-    if not text.startswith("{"):
-        raise _fail("it is not one JSON object (there is text before the object)")
-    try:
-        obj, end = json.JSONDecoder(object_pairs_hook=_no_duplicates).raw_decode(text)
-    except RecursionError:
-        raise _fail("its JSON is nested too deeply") from None
-    except json.JSONDecodeError as exc:
-        raise _fail(f"it is not valid JSON ({exc.msg} at character {exc.pos})") from None
-    if text[end:].strip():
-        raise _fail("it is not one JSON object (there is text or a second object after it)")
-    if not isinstance(obj, dict):
-        raise _fail("it is not a JSON object")
-    return obj
+    return load_object(raw, _fail)
 
 
 def _shown(name: str) -> str:

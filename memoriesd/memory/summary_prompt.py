@@ -18,13 +18,12 @@ messages never quote the model's text (it may echo what the records say).
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import InvalidModelOutput
+from ..rag.model_json import load_object
 from ..rag.prompt import neutralise
 
 __all__ = ["MAX_SUMMARY_CHARS", "SUMMARY_WORDS", "SourceRecord", "build_summary_prompt", "parse_summary"]
@@ -86,36 +85,9 @@ def _fail(why: str) -> InvalidModelOutput:
     return InvalidModelOutput(f"the model's summary was rejected: {why}; nothing was written or forgotten: run it again or try another model")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _fail("its JSON repeats a key")
-        out[key] = value
-    return out
-
-
-_FENCE = re.compile(r"\A```[ \t]*(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\Z", re.DOTALL)
-
-
 def parse_summary(raw: str) -> str:
     """The summary text of the model's reply, or :class:`InvalidModelOutput` (module docstring)."""
-    text = raw.strip()
-    if text.startswith("```"):
-        m = _FENCE.match(text)
-        if m is None:
-            raise _fail("it is not one JSON object (a code fence around it was not closed or had text after it)")
-        text = m.group("body").strip()
-    if not text.startswith("{"):
-        raise _fail("it is not one JSON object (there is text before the object)")
-    try:
-        obj, end = json.JSONDecoder(object_pairs_hook=_no_duplicates).raw_decode(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(f"it is not valid JSON ({exc.msg} at character {exc.pos})") from None
-    if text[end:].strip():
-        raise _fail("it is not one JSON object (there is text or a second object after it)")
-    if not isinstance(obj, dict):
-        raise _fail("it is not a JSON object")
+    obj = load_object(raw, _fail)
     extra = sorted(k for k in obj if k != "summary")
     if extra:
         shown = extra[0] if re.fullmatch(r"[A-Za-z_]{1,30}", extra[0]) else "another key"

@@ -14,13 +14,13 @@ labels, counts and keys only when those are in the expected shape.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidModelOutput
+from .model_json import load_object
 
 __all__ = ["ParsedAnswer", "parse_answer"]
 
@@ -34,7 +34,6 @@ class ParsedAnswer:
     insufficient: bool = False
 
 
-_FENCE = re.compile(r"\A```[ \t]*(?:json|JSON)?[ \t]*\r?\n(?P<body>.*?)\r?\n?[ \t]*```\Z", re.DOTALL)
 # A well-formed inline citation group: [S1], [S1, S2], [S1; S3], with optional spaces.
 _GROUP = re.compile(r"\[\s*(S\d+(?:\s*[,;]\s*S\d+)*)\s*\]")
 # Anything that starts like a citation but is not a well-formed group: [S 1], [S1-S3], [S1 and S2], [s1]...
@@ -47,36 +46,8 @@ def _fail(why: str) -> InvalidModelOutput:
     return InvalidModelOutput(f"the model's answer was rejected: {why}; ask again or try another model")
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _fail("its JSON repeats a key")
-        out[key] = value
-    return out
-
-
 def _load_object(raw: str) -> dict[str, Any]:
-    text = raw.strip()
-    if text.startswith("```"):
-        m = _FENCE.match(text)
-        if m is None:
-            raise _fail("it is not one JSON object (a code fence around it was not closed or had text after it)")
-        text = m.group("body").strip()
-    if not text:
-        raise _fail("it was empty")
-    if not text.startswith("{"):
-        raise _fail("it is not one JSON object (there is text before the object)")
-    decoder = json.JSONDecoder(object_pairs_hook=_reject_duplicates)
-    try:
-        obj, end = decoder.raw_decode(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(f"it is not valid JSON ({exc.msg} at character {exc.pos})") from None
-    if text[end:].strip():
-        raise _fail("it is not one JSON object (there is text or a second object after it)")
-    if not isinstance(obj, dict):
-        raise _fail("it is not a JSON object")
-    return obj
+    return load_object(raw, _fail)
 
 
 def _check_label(label: str, sent: set[str], n_sent: int) -> None:
