@@ -251,10 +251,10 @@ def _header_cases(hdr: bytes, hdr_b: bytes, one: OneFn) -> None:
         ("header-created-changed", "created changed by one second", edit_header(hdr, set_field("created", T0 + 1)), altered),
         # Listing trusts the header's (unauthenticated) vault_id, so the directory's own id is not
         # found; unlock by the listed id says "no header file" (docs/format.md, "Open questions").
-        ("header-vault-id-mismatch", "vault_id differs from the directory name (listed under the header's id)",
-         edit_header(hdr, set_field("vault_id", "fmtvaultzzzz")), refuses("vault_not_found", "no vault")),
-        ("header-of-other-vault", "vault B's header.json in vault A's directory (listed as vault B)", hdr_b,
-         refuses("vault_not_found", "no vault")),
+        ("header-vault-id-mismatch", "vault_id differs from the directory name (listed under the directory, damaged)",
+         edit_header(hdr, set_field("vault_id", "fmtvaultzzzz")), refuses("vault_corrupt", "its header is invalid")),
+        ("header-of-other-vault", "vault B's header.json in vault A's directory (listed under A, damaged)", hdr_b,
+         refuses("vault_corrupt", "its header is invalid")),
     ]
     for name, what, data, expect in rows:
         case(name, "header", what, one(header=data), expect)

@@ -81,7 +81,9 @@ class VaultManager:
                 if not d.is_dir():
                     continue
                 info = public_header(d)
-                if info is None:
+                if info is None or info["vault_id"] != d.name:
+                    # A header naming another vault (edited, or copied from another vault's directory) is
+                    # damaged: listed under its directory so that unlock says vault_corrupt.
                     if not (d / HEADER_NAME).exists():
                         continue  # not a vault (or a creation that never wrote its header)
                     # A damaged header: still listed, so that unlock says vault_corrupt, not "no vault".
