@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
+from ..text.documents import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
 from ..vault.format import Head
@@ -50,6 +51,13 @@ def meta_text(rec: Record) -> str:
     return " ".join(parts)
 
 
+def body_start(rec: Record) -> int:
+    """Character offset where a record's indexed text starts: after a card's front matter (its
+    values are metadata, searchable through :func:`meta_text`; no fragment shows them), else 0.
+    Fragment offsets still count from the body's first byte: the body keeps the file's text."""
+    return front_matter_end(rec.body) if rec.kind == "card" else 0
+
+
 def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
     """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
     (the vault's fingerprint subkey), and its searchable title and metadata."""
@@ -58,7 +66,7 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
 
         frags = split_conversation(rec, fp_key)
     else:
-        frags = split_fragments(rec.id, rec.revision, rec.body, fp_key)
+        frags = split_fragments(rec.id, rec.revision, rec.body, fp_key, skip=body_start(rec))
     if not frags and rec.title.strip():
         # A title-only record: one empty fragment so its title and metadata are searchable.
         frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
@@ -67,8 +75,9 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
 
 def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     """The indexed view of a record revision with the given fragments (from :func:`index_doc`,
-    or from a snapshot's byte ranges)."""
-    source = rec.meta.get("path") or None
+    or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
+    the path under the folder that was ingested, only for a card that has no ``source``)."""
+    source = rec.meta.get("source") or rec.meta.get("path") or None
     return IndexedDoc(
         record_id=rec.id,
         revision=rec.revision,
@@ -90,8 +99,8 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
     - The model card's ``title: none`` when the record has no title of its own: a card whose title
       is only its file name (``notes/d000123.md`` -> ``d000123``) is embedded without a title.
     - The ``# H1`` line that gave the title is not repeated in the first fragment's text (the title
-      is already in the prompt). Stored fragment text and byte offsets stay exact: only the
-      embedder's input changes.
+      is already in the prompt; the first fragment of a card with front matter starts after it).
+      Stored fragment text and byte offsets stay exact: only the embedder's input changes.
     """
     title = doc.title.strip()
     text = frag.text
@@ -99,7 +108,7 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
         return (f"{title} ({doc.when})" if title else doc.when), text
     if not title:
         return None, text
-    if frag.start == 0:
+    if frag.ordinal == 0:
         m = _H1_LINE.search(text)
         if m is not None and " ".join(m.group(1).split()) == title:
             rest = text[m.end() :]

@@ -50,7 +50,9 @@ MAGIC = b"MEMLEX\x00\x01"
 #: contents (bm25.py), the segmentation (text/segment.py) or the meta fields. Part of :func:`version_tag`.
 #: 2: the meta holds each fragment's vector content key ("ck"), so a change to what the embedder
 #: reads (``caches.embed_input``) or to ``vector_store.content_key`` needs a bump too.
-SCHEMA = 2
+#: 3: a card's fragments start after its front matter (``caches.body_start``): the byte ranges of a
+#: schema-2 snapshot would bring it back into results.
+SCHEMA = 3
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_HEADER_BYTES = 4096
 MAX_CHUNKS = 1 << 16  # 256 GiB at CHUNK_BYTES: a bound on what a hostile header can ask for

@@ -1,8 +1,10 @@
 """`rag ingest`: UTF-8/Markdown files (or stdin text) into encrypted knowledge cards.
 
-A file's resolved absolute path (safe metadata ``source``) is its card's identity: an unchanged
-file is a no-op, a changed file a new revision of the same card, and a new path whose bytes are
-those of a card whose file is gone is that file moved or renamed: the card keeps its id. Records
+A file's resolved absolute path (safe metadata ``source``) is its card's identity, whatever the
+working directory it was named from (the CLI makes paths absolute) and however it was named (``..``,
+symbolic links to its folder): it is also the ``source`` results show. An unchanged file is a
+no-op, a changed file a new revision of the same card, and a new path whose bytes are those of a
+card whose file is gone is that file moved or renamed: the card keeps its id. Records
 are made durable in groups (one fsync + head commit per group); a file is reported only once its
 group is durable, so an interrupted ingest leaves every reported file in the vault and no partial
 card.
@@ -125,7 +127,8 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
                 report.moved += 1
             else:
                 report.updated += 1
-            report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown})
+            report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown,
+                                   "source": rec.meta["source"]})
         done_files = [shown for _, _, shown in pending]
         pending, pending_bytes = [], 0
         ctx.send_progress({"done": done, "total": total, "durable": done_files})

@@ -3,9 +3,10 @@
 :func:`parse_document` never changes the text it accepts (apart from a UTF-8
 byte-order mark): the body is the file's text, so fragment byte offsets point
 into the original. Markdown front matter is parsed for metadata but left in the
-body. The parser handles a small, common subset (``key: value``, quoted values,
-``tags: [a, b]`` and ``- item`` lists); anything else makes the whole block plain
-body text, never an error.
+body; indexing starts after it (:func:`front_matter_end`), so no search result,
+snippet, answer source or context pack shows it. The parser handles a small,
+common subset (``key: value``, quoted values, ``tags: [a, b]`` and ``- item``
+lists); anything else makes the whole block plain body text, never an error.
 
 :func:`discover` turns command-line paths into the list of files to import;
 :func:`read_document` reads one of them, refusing before reading anything that is
@@ -250,6 +251,18 @@ def parse_front_matter(text: str) -> tuple[dict[str, str | list[str]], int] | No
             bare.discard(key)
             pending = None
     return None
+
+
+def front_matter_end(text: str) -> int:
+    """Character offset where the text after a leading front matter block starts (0: no block).
+
+    Only a block :func:`parse_front_matter` accepts counts (its values are the card's metadata,
+    searchable as such); any other leading ``---`` block is body text like the rest.
+    """
+    if not text.startswith("---"):
+        return 0
+    fm = parse_front_matter(text)
+    return 0 if fm is None else fm[1]
 
 
 def _first_h1(text: str) -> str | None:

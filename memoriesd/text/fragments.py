@@ -97,11 +97,11 @@ def _align_start(body: str, target: int, limit: int) -> int:
     return m.end() if m else target
 
 
-def _spans(body: str, max_chars: int, overlap: int) -> list[tuple[int, int]]:
-    """Character spans ``[s, e)`` of the fragments, stripped of white space."""
+def _spans(body: str, max_chars: int, overlap: int, skip: int = 0) -> list[tuple[int, int]]:
+    """Character spans ``[s, e)`` of the fragments from character ``skip`` on, stripped of white space."""
     n = len(body)
     spans: list[tuple[int, int]] = []
-    s = 0
+    s = skip
     while True:
         while s < n and body[s].isspace():
             s += 1
@@ -145,10 +145,12 @@ def split_fragments(
     *,
     max_chars: int = 768,
     overlap: int = 128,
+    skip: int = 0,
 ) -> list[Fragment]:
     """Cut ``body`` into fragments of at most ``max_chars`` characters (see the module docstring).
 
-    An empty or all-white-space body has no fragments.
+    An empty or all-white-space body has no fragments. ``skip``: the number of leading characters
+    left out (a card's front matter); offsets still count from the body's first byte.
     """
     if max_chars < 16 or not (0 <= overlap < max_chars // 2):
         raise InvalidParams(
@@ -161,7 +163,7 @@ def split_fragments(
         raise InvalidParams(
             "the text contains invalid Unicode (an unpaired surrogate): send it as valid UTF-8"
         ) from None
-    spans = _spans(body, max_chars, overlap)
+    spans = _spans(body, max_chars, overlap, min(max(skip, 0), len(body)))
     if not spans:
         return []
     if len(data) == len(body):  # ASCII: characters are bytes
