@@ -134,7 +134,7 @@ def test_speaker_keeps_only_the_fragments_holding_a_turn_by_that_speaker(env: En
     assert [r["record_id"] for r in _search(env, "quokkaalpha", "--mode", "bm25")] == [env.a]
     assert _search(env, "quokkaalpha", "--mode", "bm25", "--speaker", "Bob") == []
     for mode in ("vector", "hybrid"):  # the vector side is narrowed to the same fragments
-        got = env.d.call("rag.search", {"vault": env.v, "query": "lighthouse", "mode": mode, "limit": 100, "speakers": ["bob"]})
+        got = env.d.call("rag.search", {"vault": env.v, "query": "lighthouse", "mode": mode, "limit": 100, "speakers": ["bob"], "min_score": -1})
         assert got["results"] and all("Bob" in _speakers_in(turns[r["record_id"]], r["start"], r["end"]) for r in got["results"])
 
 

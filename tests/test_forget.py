@@ -82,7 +82,8 @@ def _found_anywhere(d: Daemon, vid: str, words: tuple[str, ...]) -> set[str]:
     for w in words:
         found |= {r["id"] for r in d.call("memory.search", {"vault": vid, "query": w})["results"]}
         for mode in ("bm25", "vector", "hybrid"):
-            res = d.call("rag.search", {"vault": vid, "query": w, "mode": mode, "limit": 50})
+            # min_score -1: every vector neighbour, not only those above the relevance floor
+            res = d.call("rag.search", {"vault": vid, "query": w, "mode": mode, "limit": 50, "min_score": -1})
             found |= {r["record_id"] for r in res["results"]}
     return found
 

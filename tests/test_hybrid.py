@@ -8,7 +8,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from .conftest import SHARED, Daemon, DaemonError, cli_json, create_vault, run_cli, short_tmpdir, write_config
+from .conftest import (
+    SHARED,
+    Daemon,
+    DaemonError,
+    cli_json,
+    create_vault,
+    needs_shared,
+    run_cli,
+    short_tmpdir,
+    write_config,
+)
 from .servers import Mirror, Scripted
 from .tinymodel import make_tiny_model
 
@@ -16,7 +26,7 @@ MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
 RERANK = "/v1/rerank"
 
 
-@pytest.mark.skipif(not MINILM.is_dir(), reason="needs ../shared/models/all-MiniLM-L6-v2-onnx (real model)")
+@pytest.mark.skipif(not MINILM.is_dir(), reason=needs_shared("models/all-MiniLM-L6-v2-onnx"))
 def test_hybrid_finds_what_bm25_and_vector_each_miss() -> None:
     root = short_tmpdir()
     home = root / "h"
@@ -46,8 +56,8 @@ def test_hybrid_finds_what_bm25_and_vector_each_miss() -> None:
         form = next(r for r in res if r["record_id"] == ids["form"])
         assert form["bm25_rank"] == 1 and form["vector_rank"] is not None
         # Default fusion (convex, MiniLM's weight 1): BM25's only hit scores 1 on its side, the vector side is the
-        # cosine min-max normalised over the vector candidates (every fragment here).
-        cos = [r["cosine"] for r in d.call("rag.search", {"vault": vid, "query": q, "mode": "vector", "limit": 100})["results"]]
+        # cosine min-max normalised over the vector candidates (every fragment here: the floor applies after fusion).
+        cos = [r["cosine"] for r in d.call("rag.search", {"vault": vid, "query": q, "mode": "vector", "limit": 100, "min_score": -1})["results"]]
         expect = (1.0 + (form["cosine"] - min(cos)) / (max(cos) - min(cos))) / 2
         assert form["fused_score"] == pytest.approx(expect, abs=1e-5)
         rrf = d.call("rag.search", {"vault": vid, "query": q, "mode": "hybrid", "limit": 2, "no_rerank": True, "fusion": "rrf"})["results"]
@@ -56,7 +66,7 @@ def test_hybrid_finds_what_bm25_and_vector_each_miss() -> None:
         # Paraphrase ranks above unrelated text with the real model.
         vec = d.call("rag.search", {"vault": vid, "query": "vet visit for my dog", "mode": "vector", "limit": 5})["results"]
         order = [r["record_id"] for r in vec]
-        assert order.index(ids["puppy"]) < order.index(ids["taxes"])
+        assert ids["puppy"] in order and ids["taxes"] not in order  # unrelated text is under MiniLM's floor (0.25)
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -71,7 +81,8 @@ def rerank_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemo
         home = root / "h"
         write_config(
             home,
-            f'[rag]\nlocal_model_dir = "{model}"\n'
+            # ask_min_cosine = -1: no relevance floor, so every candidate goes to the rerank service
+            f'[rag]\nlocal_model_dir = "{model}"\nask_min_cosine = -1\n'
             f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{RERANK}"\nmodel = "rr"\n'
             "[rag.http]\nretries = 0\n",
         )

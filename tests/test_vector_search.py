@@ -146,7 +146,7 @@ def test_match_mode_cards_only_and_min_score_constrain_vector_candidates(vdaemon
     doc = tmp_path / "pets.md"
     doc.write_text("# Pet card\n\ndog cat kitten puppy\n")
     vdaemon.call("rag.ingest", {"vault": vid, "paths": [str(doc)]})
-    res = vdaemon.call("rag.search", {"vault": vid, "query": "dog vet", "mode": "vector", "match_mode": "all"})
+    res = vdaemon.call("rag.search", {"vault": vid, "query": "dog vet", "mode": "vector", "match_mode": "all", "min_score": -1})
     assert [r["record_id"] for r in res["results"]] == [ids["Pets"]]
     res = vdaemon.call("rag.search", {"vault": vid, "query": "dog vet", "mode": "hybrid", "match_mode": "phrase"})
     assert res["results"] == []
@@ -198,7 +198,7 @@ def test_changed_model_files_ask_for_a_restart(tmp_path_factory: pytest.TempPath
         make_tiny_model(model, seed=6)  # new weights under the loaded model
         with pytest.raises(DaemonError) as ei:
             d.call("rag.search", {"vault": vid, "query": "dog", "mode": "vector"})
-        assert ei.value.code == "model_unavailable" and "restart the daemon" in ei.value.message
+        assert ei.value.code == "model_unavailable" and "memories daemon restart" in ei.value.message
     finally:
         d.stop()
         shutil.rmtree(home.parent, ignore_errors=True)

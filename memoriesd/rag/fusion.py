@@ -53,7 +53,7 @@ class Fused:
 class Candidate:
     """A retrieval candidate as it flows from fusion to reranking to the caller (``--json``).
 
-    ``score`` is the fused RRF score; ``rerank_score`` is set by a reranker (light or
+    ``score`` is the fused score (convex or RRF); ``rerank_score`` is set by a reranker (light or
     remote) and is what the final order follows when present.
     """
 
@@ -324,9 +324,12 @@ def light_rerank(
 ) -> list[Candidate]:
     """Reorder fused candidates by query-term coverage and matched phrases (a heuristic).
 
-    Each candidate gets ``rerank_score = (score / best_score) * (1 + weight * bonus)``
+    Each candidate gets ``rerank_score = score * (1 + weight * bonus) / (1 + weight)``
     where ``bonus = (1 - phrase_share) * coverage + phrase_share * phrase`` is in [0, 1].
-    Since the bonus multiplies the normalised fused score by at most ``1 + weight``,
+    The fused score is not rescaled to the query's best (that printed 1.0 for the nearest of
+    candidates that match nothing): with the convex fusion the result stays in [0, 1] and reaches 1
+    only for a candidate first on both sides that holds every query term as a phrase.
+    Since the bonus multiplies the fused score by at most ``1 + weight``,
     candidate B can pass candidate A only when ``score_B > score_A / (1 + weight)``:
     with RRF at k = 60 and equal weights, a fragment ranked first by both lists cannot be
     passed by one ranked worse than 10th in both, nor by one found by only one list; with
@@ -337,14 +340,12 @@ def light_rerank(
         return []
     if weight < 0 or not 0 <= phrase_share <= 1:
         raise ValueError("light_rerank needs weight >= 0 and 0 <= phrase_share <= 1")
-    best = max(c.score for c in candidates)
     matcher = _Matcher(query_terms)
     scored: list[tuple[float, int, Candidate]] = []
     for pos, c in enumerate(candidates):
         coverage, phrase = matcher.score(c.title + "\n" + c.text if c.title else c.text)
         bonus = (1.0 - phrase_share) * coverage + phrase_share * phrase
-        base = c.score / best if best > 0 else 0.0
-        value = base * (1.0 + weight * bonus)
+        value = c.score * (1.0 + weight * bonus) / (1.0 + weight)
         scored.append((value, pos, replace(c, rerank_score=value)))
     scored.sort(key=lambda item: (-item[0], item[1]))
     return [c for _, _, c in scored]
