@@ -127,9 +127,15 @@ def start_daemon(home: Home, timeout: float = START_TIMEOUT) -> int:
 
 
 class Client:
-    def __init__(self, home: Home, *, autostart: bool = True) -> None:
+    """``on_notice`` receives each of the daemon's reply notices (the frame's ``notices``, e.g. "config.toml
+    changed: restart pending"), before the result is returned or its error raised."""
+
+    def __init__(
+        self, home: Home, *, autostart: bool = True, on_notice: Callable[[str], None] | None = None
+    ) -> None:
         self.home = home
         self.autostart = autostart
+        self.on_notice = on_notice
 
     def _open(self) -> socket.socket:
         try:
@@ -183,6 +189,9 @@ class Client:
                     if progress is not None and not is_keepalive(msg["progress"]):
                         progress(msg["progress"])
                     continue
+                if self.on_notice is not None and isinstance(msg.get("notices"), list):
+                    for text in msg["notices"]:
+                        self.on_notice(str(text))
                 if "error" in msg:
                     err = msg["error"] or {}
                     raise MemoriesError(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))

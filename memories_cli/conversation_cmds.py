@@ -20,7 +20,9 @@ FORMATS = ("auto", "jsonl", "markdown", "locomo")  # memoriesd.conversations.for
 _FRAME_ROOM = 64 * 1024
 MAX_TEXT_BYTES = DEFAULT_MAX_FRAME - _FRAME_ROOM
 
-CAPTURE_HELP = """Store a finished conversation: one record (kind conversation) per session, with its turns
+CAPTURE_HELP = """Store a finished conversation, one record per session.
+
+Each session becomes one record (kind conversation) with its turns
 (speaker, text, time when known), speakers and session date, searchable by who and when.
 
 Formats (--format auto detects them): jsonl, chat messages one per line as {"role": ..., "content": ...}
@@ -85,7 +87,7 @@ def _too_big(shown: str, size: int, *, escaped: bool = False) -> UsageError:
 def capture(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     source: Annotated[str, typer.Argument(metavar="FILE|-", help="The conversation file, or - to read it from stdin.")],
-    format_: Annotated[str, typer.Option("--format", help="auto, jsonl, markdown or locomo.")] = "auto",
+    format_: Annotated[str, typer.Option("--format", metavar="[auto|jsonl|markdown|locomo]", help="The file's format (auto: detected).")] = "auto",
     title: Annotated[str | None, typer.Option("--title", help="Title (default: from the file, else the speakers and date; LoCoMo: suffixed with the session).")] = None,
     date: Annotated[str | None, typer.Option("--date", help="Session date, ISO (2024-05-08 or 2024-05-08T14:30); default: from the file.")] = None,
     session_id: Annotated[str | None, typer.Option("--session-id", help="Session id: a capture with the same id revises that record (default: from the file, else its first turn and date).")] = None,

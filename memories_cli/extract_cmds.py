@@ -10,8 +10,9 @@ from memoriesd.errors import UsageError
 
 from .state import STATE, call, echo, emit_json, notice, table
 
-EXTRACT_HELP = """Extract what matters from a captured conversation: preferences, decisions, habits, actions and
-other facts, each remembered as a fact (as `memory remember` does: an exact repeat changes nothing, the
+EXTRACT_HELP = """Extract facts from a captured conversation.
+
+Preferences, decisions, habits, actions and other facts, each remembered as a fact (as `memory remember` does: an exact repeat changes nothing, the
 same key revises) that keeps a link to the conversation and the turns it came from (meta "from").
 
 With a [rag.generation] service configured (and allowed by the vault's device-only policy), the model

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,18 +54,37 @@ def parse_scopes(text: str) -> list[str]:
     return [s for s in SCOPES if s in items]
 
 
-def _mcp_command() -> list[str]:
-    cmd = ["memories"]
-    if STATE.home_arg:
-        cmd += ["--home", str(Path(STATE.home_arg).expanduser().resolve())]
-    return cmd + ["mcp"]
+def memories_executable() -> list[str]:
+    """An absolute command that runs this `memories`: an AI client starts it with its own PATH (often a
+    bare one), where a plain `memories` may be missing or another install."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    candidates = [argv0] if argv0 is not None and argv0.name == "memories" else []
+    candidates.append(Path(sys.executable).parent / "memories")  # the script beside this interpreter (venv, pipx)
+    found = shutil.which("memories")
+    if found:
+        candidates.append(Path(found))
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return [os.path.abspath(c)]
+    return [os.path.abspath(sys.executable), "-m", "memories_cli.main"]
+
+
+def mcp_env(token: str) -> dict[str, str]:
+    """The MCP server's environment: the grant, and MEMORIES_HOME unless the home is the default one."""
+    env = {GRANT_ENV: token}
+    root = STATE.home.root
+    if root != (Path.home() / ".memories").expanduser().absolute():
+        env["MEMORIES_HOME"] = str(root)
+    return env
 
 
 def client_setup(token: str) -> tuple[str, dict[str, Any]]:
-    """The `claude mcp add` line and the JSON `mcpServers` entry for a token."""
-    cmd = _mcp_command()
-    claude = "claude mcp add memories -e " + shlex.quote(f"{GRANT_ENV}={token}") + " -- " + shlex.join(cmd)
-    entry = {"mcpServers": {"memories": {"command": cmd[0], "args": cmd[1:], "env": {GRANT_ENV: token}}}}
+    """The `claude mcp add` line and the JSON `mcpServers` entry for a token (absolute command, home named)."""
+    cmd = [*memories_executable(), "mcp"]
+    env = mcp_env(token)
+    claude = "claude mcp add memories " + " ".join("-e " + shlex.quote(f"{k}={v}") for k, v in env.items())
+    claude += " -- " + shlex.join(cmd)
+    entry = {"mcpServers": {"memories": {"command": cmd[0], "args": cmd[1:], "env": env}}}
     return claude, entry
 
 
@@ -71,7 +92,15 @@ def _expiry(expires: float | None) -> str:
     return "never" if expires is None else fmt_time(expires)
 
 
-@grant_app.command("create")
+@grant_app.command(
+    "create",
+    epilog="""Examples:
+
+\b
+  memories grant create notes                   # scopes search, read, retrieve; 24 hours
+  memories grant create notes --scope search,ask,context --ttl 7d --label claude
+  memories grant create notes --scope search,context,remember --cards-only""",
+)
 def create(
     vault: Annotated[str, typer.Argument(help="The vault (id or name) the grant may reach; it must be unlocked.")],
     scope: Annotated[
@@ -87,7 +116,10 @@ def create(
     cards_only: Annotated[bool, typer.Option("--cards-only", help="Limit every tool to ingested knowledge cards.")] = False,
     label: Annotated[str, typer.Option("--label", help="A note for `grant list` (e.g. which tool uses it).")] = "",
 ) -> None:
-    """Create a grant and print its token once, with the MCP client set-up for it."""
+    """Create a grant for an AI tool and print its token once.
+
+    The token comes with the MCP client set-up for it: a `claude mcp add` line and an mcpServers entry.
+    """
     params: dict[str, Any] = {
         "vault": vault,
         "scopes": parse_scopes(scope),
@@ -121,7 +153,10 @@ def create(
 
 @grant_app.command("list")
 def list_(vault: Annotated[str | None, typer.Argument(help="Only this vault (default: every unlocked vault).")] = None) -> None:
-    """List grants (id, label, scopes, expiry, last use); tokens are never shown."""
+    """List grants; tokens are never shown.
+
+    Each grant with its id, label, scopes, expiry and last use.
+    """
     out = call("grant.list", {"vault": vault} if vault else {})
     for vid in out.get("locked_vaults", []):
         notice(f"vault {vid} is locked: its grants are sealed inside it (run `memories vault unlock {vid}` to list them)")
@@ -142,7 +177,10 @@ def revoke(
     grant_id: Annotated[str | None, typer.Argument(help="The grant to revoke (see `memories grant list`).")] = None,
     all_: Annotated[str | None, typer.Option("--all", metavar="VAULT_ID", help="Revoke every grant of this vault.")] = None,
 ) -> None:
-    """Revoke a grant now (or all of a vault's): the next call, and any call in flight, is refused."""
+    """Revoke a grant now, or all of a vault's.
+
+    The next call, and any call in flight, is refused.
+    """
     if (grant_id is None) == (all_ is None):
         raise UsageError("give either a GRANT_ID or --all VAULT_ID")
     params: dict[str, Any] = {"all": True, "vault": all_} if all_ is not None else {"grant_id": grant_id}
@@ -161,7 +199,17 @@ def mcp(
         Path | None, typer.Option("--grant-file", help=f"Read the grant token from this file (else ${GRANT_ENV}).")
     ] = None,
 ) -> None:
-    """Serve MCP over stdio for an AI client, limited to one grant (from $MEMORIES_GRANT or --grant-file)."""
+    """Serve MCP over stdio for an AI client, limited to one grant.
+
+    The AI client starts this command itself. Create a grant first (`memories grant create VAULT`):
+    its token, in $MEMORIES_GRANT or a file named by --grant-file, decides the one vault and the
+    scopes (tools) the client gets. `grant create` prints the set-up lines for the token it makes.
+
+    Scopes: search, read and retrieve (the default), ask and context read the vault; remember, capture,
+    forget and forget-all change it and are given only when named. A grant expires (--ttl, default 24h),
+    is revoked with `memories grant revoke`, and works only while its vault is unlocked. The set-up
+    names this `memories` by its absolute path, and MEMORIES_HOME when the home is not ~/.memories.
+    """
     if grant_file is not None:
         try:
             token = grant_file.read_text("utf-8").strip()
@@ -186,7 +234,10 @@ def inject(
     directory: Annotated[Path | None, typer.Option("--dir", help="Write into this skills folder instead.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the skill even if it was edited.")] = False,
 ) -> None:
-    """Install the Memories skill (memories/SKILL.md) into AI clients' skill folders."""
+    """Install the Memories skill into AI clients' skill folders.
+
+    The skill is memories/SKILL.md, written under each client's skills folder.
+    """
     from .skill import inject as do_inject
 
     results = do_inject(target, directory, force=force)
@@ -199,7 +250,16 @@ def inject(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(grant_app, name="grant")
-    app.command("mcp")(mcp)
+    app.command(
+        "mcp",
+        epilog="""Examples:
+
+\b
+  memories grant create notes --label claude        # prints the token and the lines below
+  claude mcp add memories -e MEMORIES_GRANT=mg_... -e MEMORIES_HOME=/srv/mem -- /usr/local/bin/memories mcp
+  {"mcpServers": {"memories": {"command": "/usr/local/bin/memories", "args": ["mcp"],
+                               "env": {"MEMORIES_GRANT": "mg_...", "MEMORIES_HOME": "/srv/mem"}}}}""",
+    )(mcp)
     app.command("inject")(inject)
 
 

@@ -13,6 +13,7 @@ import typer
 from memoriesd import __version__
 from memoriesd.errors import MemoriesError, UsageError
 
+from . import help as _help
 from .conversation_cmds import register as _register_conversations
 from .extract_cmds import register as _register_extract
 from .grant_cmds import register as _register_grants
@@ -45,6 +46,8 @@ _register_grants(app)
 _register_conversations(app)
 _register_extract(app)
 _register_tidy(app)
+# Usage `VAULT QUERY`, choices shown, whole summaries, --json listed on every command (memories_cli/help.py).
+_help.apply(app)
 
 
 def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
@@ -74,7 +77,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    home: Annotated[str | None, typer.Option("--home", help="Memories home (default: $MEMORIES_HOME, else ~/.memories).")] = None,
+    home: Annotated[str | None, typer.Option("--home", metavar="PATH", help="Memories home (default: $MEMORIES_HOME, else ~/.memories).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout (errors as JSON on stderr).")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:

@@ -7,11 +7,11 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
-from memoriesd.errors import UsageError
+from memoriesd.errors import ConfirmationRequired, UsageError
 
 from .state import STATE, call, emit_json, fmt_time, notice, report, safe_text, table
 
@@ -79,10 +79,13 @@ def add(
     title: Annotated[str, typer.Option("--title", help="Title.")] = "",
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
     private: Annotated[bool, typer.Option("--private", help="Never indexed, searched, or sent anywhere.")] = False,
-    kind: Annotated[str, typer.Option("--kind", help="memory, credential or file.")] = "memory",
+    kind: Annotated[str, typer.Option("--kind", metavar="[memory|credential|file]", help="What the record holds (a file: with --file).")] = "memory",
     file: Annotated[Path | None, typer.Option("--file", help="With --kind file: the file to seal (any bytes).")] = None,
 ) -> None:
-    """Add a record. Prints its id alone on the last line."""
+    """Add a record to a vault.
+
+    Prints its id alone on the last line. For Markdown and text files, see `memories rag ingest`.
+    """
     if kind not in ("memory", "credential", "file"):
         raise UsageError("--kind takes memory, credential or file")
     params: dict[str, Any] = {"vault": vault, "kind": kind, "title": title, "tags": tag or [], "private": private}
@@ -113,7 +116,7 @@ def read(
     revision: Annotated[int | None, typer.Option("--revision", help="An older revision.")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="For a file resource: write its bytes here.")] = None,
 ) -> None:
-    """Show a record (or write a file resource's bytes with --output)."""
+    """Show a record, or write a file resource's bytes with --output."""
     params: dict[str, Any] = {"vault": vault, "id": record_id, "with_data": output is not None}
     if revision is not None:
         params["revision"] = revision
@@ -143,7 +146,10 @@ def history(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     record_id: Annotated[str, typer.Argument(metavar="ID", help="Record id.")],
 ) -> None:
-    """List a record's revisions (readable until compaction removes them)."""
+    """List a record's revisions.
+
+    Old revisions stay readable until `memories vault compact` removes them.
+    """
     out = call("memory.history", {"vault": vault, "id": record_id})
     if STATE.json:
         emit_json(out)
@@ -154,29 +160,111 @@ def history(
     table(["REVISION", "UPDATED", "TITLE"], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r["title"]] for r in out["revisions"]])
 
 
-@memory_app.command("list")
+ListKind = Literal["memory", "card", "fact", "conversation", "credential", "file"]  # memoriesd.vault.records.KINDS
+FactCategory = Literal["profile", "preference", "decision", "pattern", "fact"]  # memoriesd.memory.facts.CATEGORIES
+
+
+@memory_app.command(
+    "list",
+    epilog="""Examples:
+
+\b
+  memories memory list notes                         # the 50 newest records
+  memories memory list notes --limit 50 --offset 50  # the next 50
+  memories memory list notes --kind card --tag travel --since 2024-01-01""",
+)
 def list_(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    kind: Annotated[str | None, typer.Option("--kind", help="Only this kind (memory, card, fact, conversation, credential, file).")] = None,
-    category: Annotated[str | None, typer.Option("--category", help="With --kind fact: only this category (profile, preference, decision, pattern, fact).")] = None,
+    kind: Annotated[ListKind | None, typer.Option("--kind", help="Only records of this kind (fact: the current facts with their category, key and recalls).")] = None,
+    category: Annotated[FactCategory | None, typer.Option("--category", help="With --kind fact: only this category.")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", metavar="TAG", help="Only records with this tag (case-insensitive).")] = None,
+    since: Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD), as for `rag search --since`.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many records (1-100000).")] = 50,
+    offset: Annotated[int, typer.Option("--offset", help="Skip this many records first (the next page: --offset 50).")] = 0,
 ) -> None:
-    """List records, newest first. --kind fact lists the current facts with their category, key and recalls."""
+    """List records, newest first, a page at a time.
+
+    50 records by default, then the total ("showing 1–50 of 5,183 records"); --offset gives the next
+    pages. --kind fact lists the current facts with their category, key and recalls. --json gives the
+    page as {"records": [...], "total": N, "offset": N, "limit": N}.
+    """
+    if limit < 1 or limit > 100_000:
+        raise UsageError("--limit takes a number from 1 to 100000")
+    if offset < 0:
+        raise UsageError("--offset takes a number of records to skip, 0 or more")
     if kind == "fact" or category is not None:
         if kind not in (None, "fact"):
             raise UsageError("--category goes with --kind fact")
-        _list_facts(vault, category)
+        if tag is not None or since is not None:
+            raise UsageError("--tag and --since do not go with --kind fact: use `memories rag search VAULT QUERY --kind fact --tag T --since DATE`")
+        _list_facts(vault, category, limit, offset)
         return
-    params: dict[str, Any] = {"vault": vault}
+    params: dict[str, Any] = {"vault": vault, "limit": limit, "offset": offset}
     if kind:
         params["kind"] = kind
+    if tag is not None:
+        params["tag"] = tag
+    if since is not None:
+        params["since"] = since
     out = call("memory.list", params)
     if STATE.json:
         emit_json(out)
         return
-    table(
-        ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
-        [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), r["title"], ", ".join(r["tags"]), fmt_time(r["updated"])] for r in out["records"]],
-    )
+    records = out["records"]
+    if records:
+        table(
+            ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
+            [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), r["title"], ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
+        )
+    notice(page_line(len(records), int(out.get("total", len(records))), offset, "record"))
+
+
+def page_line(shown: int, total: int, offset: int, noun: str) -> str:
+    """"showing 1–50 of 5,183 records (next page: --offset 50)", or why nothing is shown."""
+    if total == 0:
+        return f"no {noun}s"
+    if shown == 0:
+        return f"no {noun}s at --offset {offset:,}: there are {total:,}"
+    line = f"showing {offset + 1:,}\u2013{offset + shown:,} of {total:,} {noun}s"
+    if offset + shown < total:
+        line += f" (next page: --offset {offset + shown})"
+    return line
+
+
+#: Width of `memory search` lines when stdout is not a terminal (and COLUMNS is unset).
+PIPED_COLUMNS = 100
+
+
+def record_line(title: str, record: str, score: str, snippet: str, width: int, title_cells: int) -> str:
+    """One `memory search` result in ``width`` terminal cells: title (padded or cut to ``title_cells``),
+    id@revision, score, and as much of the snippet as fits (cut with "…"). Wide (CJK) characters count twice."""
+    from rich.cells import cell_len, set_cell_size
+
+    if cell_len(title) > title_cells:
+        title = set_cell_size(title, title_cells - 1) + "\u2026"
+    head = f"{set_cell_size(title, title_cells)}  {record}  {score}  "
+    room = width - cell_len(head)
+    if room < 8:  # a very narrow terminal: the snippet goes, the rest stays whole
+        return head.rstrip()
+    if cell_len(snippet) > room:
+        snippet = set_cell_size(snippet, room - 1).rstrip() + "\u2026"
+    return head + snippet
+
+
+def print_record_lines(results: list[dict[str, Any]]) -> None:
+    """`memory search` output: exactly one line per record, cut to the terminal's width."""
+    import shutil
+
+    from .conversation_cmds import titled
+
+    width = shutil.get_terminal_size((PIPED_COLUMNS, 24)).columns  # COLUMNS, else the terminal, else 100
+    titles = [safe_text(titled(r)) or "(untitled)" for r in results]
+    from rich.cells import cell_len
+
+    title_cells = max(12, min(max(cell_len(t) for t in titles), width // 3))
+    for r, title in zip(results, titles, strict=True):
+        snippet = safe_text(" ".join(str(r["snippet"]).split()))
+        sys.stdout.write(record_line(title, f"{r['id']}@{r['revision']}", f"{r['score']:.4f}", snippet, width, title_cells) + "\n")
 
 
 @memory_app.command("update")
@@ -189,7 +277,10 @@ def update(
     untag: Annotated[list[str] | None, typer.Option("--untag", help="Remove a tag (repeatable).")] = None,
     private: Annotated[bool | None, typer.Option("--private/--public", help="Mark private or public.")] = None,
 ) -> None:
-    """Update a record: a new revision (the old one stays readable until compaction)."""
+    """Update a record as a new revision.
+
+    The old revision stays readable until `memories vault compact`.
+    """
     params: dict[str, Any] = {"vault": vault, "id": record_id, "tags": tag or [], "untag": untag or []}
     body = _text_arg(text)
     if body is not None:
@@ -207,7 +298,11 @@ def delete(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     record_id: Annotated[str, typer.Argument(metavar="ID", help="Record id.")],
 ) -> None:
-    """Delete a record (its sealed bytes stay in the log until `vault compact`)."""
+    """Delete a record.
+
+    Its sealed bytes stay in the log until `memories vault compact`; `memories memory forget` removes
+    every revision for good.
+    """
     out = call("memory.delete", {"vault": vault, "id": record_id})
     report(out, f"Deleted {out['id']}.")
 
@@ -217,32 +312,39 @@ def delete(
 CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")  # memoriesd.memory.facts.CATEGORIES
 
 
-def _list_facts(vault: str, category: str | None) -> None:
+def _list_facts(vault: str, category: str | None, limit: int, offset: int) -> None:
     params: dict[str, Any] = {"vault": vault}
     if category is not None:
         if category not in CATEGORIES:
             raise UsageError(f"--category takes {', '.join(CATEGORIES)}")
         params["category"] = category
     out = call("memory.facts", params)
+    total = len(out["facts"])
+    out["facts"] = out["facts"][offset : offset + limit]  # facts are few: paged here, as `memory.list` pages
+    out.update({"total": total, "offset": offset, "limit": limit})
     if STATE.json:
         emit_json(out)
         return
-    table(
-        ["ID", "REV", "CATEGORY", "KEY", "TEXT", "RECALLS", "LAST RECALL", "UPDATED"],
-        [[f["id"], f["revision"], f["category"], f["key"] or "", f["text"], f["recalls"], fmt_time(f["last_recall"]), fmt_time(f["updated"])] for f in out["facts"]],
-    )
+    if out["facts"]:
+        table(
+            ["ID", "REV", "CATEGORY", "KEY", "TEXT", "RECALLS", "LAST RECALL", "UPDATED"],
+            [[f["id"], f["revision"], f["category"], f["key"] or "", f["text"], f["recalls"], fmt_time(f["last_recall"]), fmt_time(f["updated"])] for f in out["facts"]],
+        )
+    notice(page_line(len(out["facts"]), total, offset, "fact"))
 
 
 @memory_app.command("remember")
 def remember(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     text: Annotated[str | None, typer.Argument(help="The fact (3-500 characters), or - to read it from stdin.")] = None,
-    category: Annotated[str, typer.Option("--category", help="profile, preference, decision, pattern or fact.")] = "fact",
+    category: Annotated[str, typer.Option("--category", metavar="[profile|preference|decision|pattern|fact]", help="What kind of fact it is.")] = "fact",
     key: Annotated[str | None, typer.Option("--key", help="What the fact is about, e.g. typescript: a later fact with the same key in the category revises it.")] = None,
     importance: Annotated[float | None, typer.Option("--importance", help="0 to 1 (default 0.5): the more important profile facts come first in a context pack.")] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
 ) -> None:
-    """Remember a short fact about the person. A fact that restates or revises a current fact of the same
+    """Remember a short fact about the person.
+
+    A fact that restates or revises a current fact of the same
     category (same --key, or the same meaning) becomes a new revision of it; an exact repeat changes nothing.
     Prints the fact's id alone on the last line."""
     if category not in CATEGORIES:
@@ -283,14 +385,15 @@ def forget(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     ids: Annotated[list[str] | None, typer.Option("--id", help="A record to forget (repeatable).")] = None,
     query: Annotated[str | None, typer.Option("--query", help="Forget by what records say (see --scope).")] = None,
-    scope: Annotated[str, typer.Option("--scope", help="With --query: specific (the best-matching record, default) or topic (every record on it).")] = "specific",
+    scope: Annotated[str, typer.Option("--scope", metavar="[specific|topic]", help="With --query: specific (the best-matching record, default) or topic (every record on it).")] = "specific",
     all_: Annotated[bool, typer.Option("--all", help="Every fact (with --kind: every record of that kind).")] = False,
-    kind: Annotated[str | None, typer.Option("--kind", help="With --all: memory, card, fact, conversation, credential or file.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", metavar="[memory|card|fact|conversation|credential|file]", help="With --all: every record of this kind.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be forgotten.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask (needed off a terminal).")] = False,
 ) -> None:
-    """Forget records for real: every revision, their vectors, index entries and snapshots go, and the vault
-    files are rewritten so the text cannot be read back from them, even with the passphrase (see SECURITY.md
+    """Forget records for good, every revision included.
+
+    Every revision, their vectors, index entries and snapshots go, and the vault files are rewritten so the text cannot be read back from them, even with the passphrase (see SECURITY.md
     for what lies beyond the vault's files). Cannot be undone."""
     if scope not in ("specific", "topic"):
         raise UsageError("--scope takes specific or topic")
@@ -304,7 +407,7 @@ def forget(
     if kind is not None:
         params["kind"] = kind
     if not dry_run and not yes and not sys.stdin.isatty():
-        raise UsageError("memory forget cannot be undone and there is no terminal to ask: add --yes (or --dry-run to see what would go)")
+        raise ConfirmationRequired("memory forget cannot be undone and there is no terminal to ask: pass --yes to forget (or --dry-run to see what would go)")
     if dry_run or not yes:
         listed = call("memory.forget", {**params, "dry_run": True})
         for n in listed.get("notices", []):
@@ -338,7 +441,7 @@ def forget(
     table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(out["records"]), title="forgotten")
     extra = f"; {out['preserved_files_removed']} preserved crash-recovery file(s) removed" if out.get("preserved_files_removed") else ""
     notice(
-        f"Forgot {out['forgotten']} record(s) and {out['revisions_removed']} revision(s); vault files rewritten "
+        f"Forgot {out['forgotten']:,} record(s) and {out['revisions_removed']:,} revision(s); vault files rewritten "
         f"(log epoch {out['log_epoch']}, {out.get('vector_entries_dropped', 0)} sealed vectors dropped, "
         f"lexical snapshot {out.get('lexical_snapshot', 'none')}){extra}."
     )

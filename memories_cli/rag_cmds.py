@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -19,19 +19,21 @@ from memoriesd.text.humanize import duration
 from .conversation_cmds import titled
 from .state import STATE, call, echo, emit_json, fmt_time, notice, report, safe_text, table
 
-rag_app = typer.Typer(help="Ingest documents, keep folders in sync, search them, and ask grounded questions.", no_args_is_help=True, rich_markup_mode=None)
+rag_app = typer.Typer(help="Ingest documents, search them and ask questions.\n\nAlso keeps folders in sync (watch), embeds fragments (index) and builds context packs for assistants.", no_args_is_help=True, rich_markup_mode=None)
 
-Mode = Annotated[str | None, typer.Option("--mode", help="bm25, vector or hybrid (default: hybrid when an embedding model is usable for this vault, else bm25).")]
-MatchMode = Annotated[str, typer.Option("--match-mode", help="any (default), all (every term), or phrase.")]
+SearchMode = Literal["bm25", "vector", "hybrid"]  # memoriesd.rag.search.MODES
+Mode = Annotated[SearchMode | None, typer.Option("--mode", help="Lexical, semantic or both (default: hybrid when an embedding model is usable for this vault, else bm25).")]
+MatchMode = Annotated[Literal["any", "all", "phrase"], typer.Option("--match-mode", help="Any term, every term, or the exact phrase.")]
 Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
 CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
 NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
-Kind = Annotated[list[str] | None, typer.Option("--kind", help="Only records of this kind: memory, card, fact or conversation (repeatable: any of them).")]
-Category = Annotated[list[str] | None, typer.Option("--category", help="Only facts of this category: profile, preference, decision, pattern or fact (repeatable: any of them).")]
-Tag = Annotated[list[str] | None, typer.Option("--tag", help="Only records with this tag (repeatable: every one of them).")]
-Since = Annotated[str | None, typer.Option("--since", help="Only records dated on or after this ISO date (YYYY-MM-DD): a conversation's session date, else front matter date:, else the day the record was created.")]
-Until = Annotated[str | None, typer.Option("--until", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
-Speaker = Annotated[list[str] | None, typer.Option("--speaker", help="Only conversation excerpts holding a turn by this speaker (case-insensitive; repeatable: any of them).")]
+# Repeatable options cannot be a typer Choice: the metavar lists what the daemon accepts (memoriesd.rag.filters).
+Kind = Annotated[list[str] | None, typer.Option("--kind", metavar="[memory|card|fact|conversation]", help="Only records of this kind (repeatable: any of them).")]
+Category = Annotated[list[str] | None, typer.Option("--category", metavar="[profile|preference|decision|pattern|fact]", help="Only facts of this category (repeatable: any of them).")]
+Tag = Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help="Only records with this tag (repeatable: every one of them).")]
+Since = Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD): a conversation's session date, else front matter date:, else the day the record was created.")]
+Until = Annotated[str | None, typer.Option("--until", metavar="DATE", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
+Speaker = Annotated[list[str] | None, typer.Option("--speaker", metavar="NAME", help="Only conversation excerpts holding a turn by this speaker (case-insensitive; repeatable: any of them).")]
 
 
 def _filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None, speaker: list[str] | None = None) -> dict[str, Any]:
@@ -107,7 +109,15 @@ def _progress_cm(label: str) -> AbstractContextManager[Any]:
     return Progress(label) if not STATE.json else nullcontext(None)
 
 
-@rag_app.command("ingest")
+@rag_app.command(
+    "ingest",
+    epilog="""Examples:
+
+\b
+  memories rag ingest notes ~/notes -r              # a folder and the folders under it
+  memories rag ingest notes plan.md todo.md --tag travel
+  pbpaste | memories rag ingest notes - --title 'Meeting notes'""",
+)
 def ingest(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     paths: Annotated[list[str], typer.Argument(help="Files or directories (UTF-8 text or Markdown), or - for stdin.")],
@@ -117,7 +127,11 @@ def ingest(
     private: Annotated[bool, typer.Option("--private", help="Keep the cards private: never indexed, searched or sent.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="With a directory: remove cards whose source file under it no longer exists.")] = False,
 ) -> None:
-    """Ingest documents as encrypted knowledge cards (unchanged files are skipped; changed ones get a new revision; moved or renamed ones keep their card)."""
+    """Ingest Markdown and text files as encrypted knowledge cards.
+
+    Unchanged files are skipped; changed ones get a new revision; moved or renamed ones keep their card.
+    To keep a folder in sync as it changes, see `memories rag watch`.
+    """
     params: dict[str, Any] = {"vault": vault, "tags": tag or [], "recursive": recursive, "private": private, "prune": prune}
     if title is not None:
         params["title"] = title
@@ -143,9 +157,17 @@ def ingest(
     for r in out["refused"]:
         sys.stderr.write(safe_text(f"refused: {r['path']}: {r['message']}") + "\n")
     moved = f", moved {out['moved']}" if out.get("moved") else ""
-    report(out, f"added {out['added']}, updated {out['updated']}, unchanged {out['unchanged']}{moved}, refused {len(out['refused'])}" + (f", pruned {out['pruned']}" if prune else ""))
+    report(out, f"added {out['added']:,}, updated {out['updated']:,}, unchanged {out['unchanged']:,}{moved}, refused {len(out['refused']):,}" + (f", pruned {out['pruned']:,}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
+
+
+def home_short(path: str) -> str:
+    """An absolute path as text output shows it: under the home directory as ``~/...`` (``--json`` keeps it whole)."""
+    home = os.path.expanduser("~").rstrip(os.sep)
+    if home and home != "~" and path.startswith(home + os.sep):
+        return "~" + path[len(home) :]
+    return path
 
 
 def _ingest_path(arg: str) -> str:
@@ -179,7 +201,15 @@ def _print_fragments(out: dict[str, Any]) -> None:
     table(["", "SCORE", "TITLE", "RECORD@REV", "FINGERPRINT", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
 
 
-@rag_app.command("search")
+@rag_app.command(
+    "search",
+    epilog="""Examples:
+
+\b
+  memories rag search notes "garden soil"
+  memories rag search notes 长城 --mode bm25 --limit 5
+  memories rag search notes "trip plan" --kind card --since 2024-01-01 --json""",
+)
 def search(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     query: Annotated[str, typer.Argument(help="What to look for.")],
@@ -188,10 +218,10 @@ def search(
     limit: Limit = 10,
     cards_only: CardsOnly = False,
     no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine-similarity floor for vector candidates (say 'nothing relevant' when none pass).")] = None,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [rag] ask_min_cosine); -1 shows the nearest fragments however far.")] = None,
     rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
     vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
-    fusion: Annotated[str | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
+    fusion: Annotated[Literal["convex", "rrf"] | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
     kind: Kind = None,
     category: Category = None,
     tag: Tag = None,
@@ -199,8 +229,16 @@ def search(
     until: Until = None,
     speaker: Speaker = None,
 ) -> None:
-    """Search fragments, best first, each with a citation label [S1], [S2]... The filters (--kind, --category,
-    --tag, --since, --until, --speaker) narrow both the lexical and the vector candidates before they are ranked."""
+    """Search fragments, best first, with citation labels.
+
+    Results are labelled [S1], [S2] and so on, with their record, revision and byte range. The filters
+    (--kind, --category, --tag, --since, --until, --speaker) narrow both the lexical and the vector
+    candidates before they are ranked. For one line per record, see `memories memory search`.
+
+    Vector and hybrid search leave out fragments that match neither the query's words nor, above the
+    model's relevance floor, its meaning: a query on nothing in the vault says "nothing relevant found"
+    (exit 0). --min-score -1 shows the nearest fragments anyway.
+    """
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
     params.update(_filters(kind, category, tag, since, until, speaker))
     if mode:
@@ -222,7 +260,11 @@ def search(
 
 @rag_app.command("status")
 def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Documents, fragments, bytes, index state, cache use against the caps, and watched folders."""
+    """Show a vault's documents, vectors, caps and watches.
+
+    Documents, fragments and bytes; the index state; vectors and the embedding model in use; cache
+    use against the caps; and the watched folders.
+    """
     out = call("rag.status", {"vault": vault})
     if STATE.json:
         emit_json(out)
@@ -232,7 +274,7 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         notice(out["cap_error"])
     frags = "?" if out["fragments"] is None else f"{out['fragments']:,}"
     rows = [
-        ["documents", out["documents"]],
+        ["documents", f"{out['documents']:,}"],
         ["fragments", f"{frags} (cap {out['cache']['max_fragments']:,})"],
         ["bytes", f"{out['bytes']:,}"],
         ["index", out["index"]],
@@ -293,10 +335,12 @@ def watch(
     include: Annotated[list[str] | None, typer.Option("--include", help="File glob to take (repeatable; default *.md, *.markdown, *.txt). A glob with / matches the path under the folder, else the file name.")] = None,
     prune: Annotated[bool, typer.Option("--prune", help="Remove the card of a file deleted from the folder (never while the folder itself is missing).")] = False,
 ) -> None:
-    """Keep a folder in sync with the vault while it is unlocked: new and changed files are ingested by
-    the daemon, moved files keep their cards, and changes made while the vault was locked are caught up
-    at unlock. Writes a [[rag.watch]] table to config.toml (comments kept) and applies it at once.
-    Running it again for the same folder changes its options."""
+    """Keep a folder in sync with the vault while it is unlocked.
+
+    New and changed files are ingested by the daemon, moved files keep their cards, and changes made
+    while the vault was locked are caught up at unlock. Writes a [[rag.watch]] table to config.toml
+    (comments kept) and applies it at once. Running it again for the same folder changes its options.
+    """
     from .watch_config import WatchEntry, set_watch
 
     folder = os.path.normpath(_ingest_path(path))
@@ -324,8 +368,11 @@ def unwatch(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     path: Annotated[str, typer.Argument(help="The watched folder.")],
 ) -> None:
-    """Stop keeping a folder in sync: removes its [[rag.watch]] table from config.toml (comments kept)
-    and applies it at once. Cards already made from the folder stay in the vault."""
+    """Stop keeping a folder in sync.
+
+    Removes its [[rag.watch]] table from config.toml (comments kept) and applies it at once. Cards
+    already made from the folder stay in the vault.
+    """
     from .watch_config import WatchEntry, remove_watch
 
     folder = os.path.normpath(_ingest_path(path))
@@ -350,8 +397,13 @@ MAX_IDLE_CHANGES = 20
 
 @rag_app.command("index")
 def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Embed every fragment that has no vector yet (repeats budgeted passes until done, also across vault changes)."""
+    """Embed every fragment that has no vector yet.
+
+    Repeats budgeted passes until done, also across vault changes. Ends with one line: fragments
+    embedded and skipped, the time taken and the rate.
+    """
     embedded_total = 0
+    started = time.monotonic()
     with _progress_cm("embed") as bar:
 
         def on_progress(p: dict[str, Any]) -> None:
@@ -380,11 +432,30 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
                 break
             if out["embedded"] == 0:
                 raise MemoriesError("no progress was made embedding fragments: see the daemon log", code="index_stalled")
-    result = {"embedded": embedded_total, "total": out["total"], "model": out["model"]}
-    report(result, f"embedded {embedded_total:,} fragments; {out['total']:,} of {out['total']:,} have vectors ({out['model']})")
+    seconds = time.monotonic() - started
+    skipped = int(out.get("skipped") or 0)
+    result = {"embedded": embedded_total, "skipped": skipped, "total": out["total"], "seconds": round(seconds, 3), "model": out["model"]}
+    report(result, index_summary(embedded_total, skipped, int(out["total"]), seconds))
 
 
-@rag_app.command("ask")
+def index_summary(embedded: int, skipped: int, total: int, seconds: float) -> str:
+    """The plain last line of `rag index` (the model's identity hash is in --json only)."""
+    took = f"{seconds:.1f} s" if seconds < 90 else duration(seconds)
+    rate = f" ({embedded / seconds:,.1f} fragments/s)" if embedded and seconds > 0 else ""
+    line = f"Embedded {embedded:,} fragment{'s' if embedded != 1 else ''} in {took}{rate}; skipped {skipped:,}"
+    line += " the model cannot embed (still found by bm25)" if skipped else ""
+    return line + f". {total - skipped:,} of {total:,} fragments have vectors."
+
+
+@rag_app.command(
+    "ask",
+    epilog="""Examples:
+
+\b
+  memories rag ask notes "When is the dentist appointment?"
+  memories rag ask notes "What did we decide about the roof?" --limit 12
+  memories rag ask notes "Summarise my travel plans" --mode bm25 --json""",
+)
 def ask(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     question: Annotated[str, typer.Argument(help="The question.")],
@@ -394,7 +465,12 @@ def ask(
     no_rerank: NoRerank = False,
     min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine, else the model's calibrated floor).")] = None,
 ) -> None:
-    """Answer from the vault with the configured [rag.generation] service, citing [S1]-style sources."""
+    """Answer a question from the vault, citing its sources.
+
+    Sources are cited as [S1], [S2] after the answer.
+    The answer comes from the [rag.generation] service set in config.toml, given only the fragments
+    found for the question; without evidence it says so instead of guessing.
+    """
     params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
     if min_score is not None:
         params["min_score"] = min_score
@@ -412,7 +488,7 @@ def ask(
     echo(out["answer"])
     table(
         ["", "TITLE", "RECORD@REV", "BYTES", "SOURCE"],
-        [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", c.get("source") or ""] for c in out["citations"]],
+        [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", home_short(c.get("source") or "")] for c in out["citations"]],
     )
 
 
@@ -429,9 +505,10 @@ def context(
     speaker: Speaker = None,
     mode: Mode = None,
 ) -> None:
-    """A context pack for an assistant, within a token budget: the profile and preference facts first, then
-    the memories most relevant to the query (hybrid search by default), each labelled [S1], [S2]... and always
-    whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
+    """Build a context pack for an assistant, within a token budget.
+
+    The profile and preference facts come first, then the memories most relevant to the query (hybrid
+    search by default), each labelled [S1], [S2]... and always whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
     --until, --speaker) apply to every item, profile facts included. Prints plain text ready to paste into a
     prompt; --json gives the items with their token counts and byte ranges (start, end)."""
     params: dict[str, Any] = {"vault": vault, "query": query}
@@ -459,7 +536,10 @@ def context(
 def model_install(
     dir_: Annotated[Path | None, typer.Option("--dir", help="Install here instead of HOME/models/embeddinggemma.")] = None,
 ) -> None:
-    """Download the pinned EmbeddingGemma-300M files (about 209 MiB), verifying every SHA-256."""
+    """Download the pinned EmbeddingGemma-300M model.
+
+    About 209 MiB; every file's SHA-256 is verified; files already in place are reused.
+    """
     params: dict[str, Any] = {}
     if dir_ is not None:
         params["dir"] = str(dir_.expanduser().absolute())
@@ -492,8 +572,12 @@ def memory_search(
     until: Until = None,
     speaker: Speaker = None,
 ) -> None:
-    """Lexical search, one line per record (title, id, revision, score, snippet). --since, --until and
-    --speaker narrow it as for `rag search` (with --speaker, the snippet is an excerpt by the speaker)."""
+    """Lexical search, one line per record.
+
+    Each line shows the title, id@revision, score and a snippet, cut to the terminal's width (100 columns when piped; --json has the whole snippet).
+    --since, --until and --speaker narrow it as for `rag search` (with --speaker, the snippet is an
+    excerpt by the speaker).
+    """
     params: dict[str, Any] = {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only}
     params.update(_filters(None, None, None, since, until, speaker))
     out = call("memory.search", params)
@@ -503,7 +587,9 @@ def memory_search(
     if not out["results"]:
         notice("nothing found")
         return
-    table(["TITLE", "ID", "REV", "SCORE", "SNIPPET"], [[titled(r), r["id"], r["revision"], f"{r['score']:.4f}", r["snippet"][:120]] for r in out["results"]])
+    from .memory_cmds import print_record_lines
+
+    print_record_lines(out["results"])
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from memoriesd.errors import MemoriesError, UsageError
+from memoriesd.errors import ConfirmationRequired, MemoriesError, UsageError
 from memoriesd.home import Home, resolve_home
 
 
@@ -29,10 +29,25 @@ class State:
 STATE = State()
 
 
-def call(method: str, params: dict[str, Any] | None = None, *, progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+def client(*, autostart: bool = True) -> Any:
+    """A daemon client whose reply notices are rendered on stderr (the one place they are)."""
     from .client import Client
 
-    return Client(STATE.home).call(method, params, progress=progress)
+    return Client(STATE.home, autostart=autostart, on_notice=daemon_notice)
+
+
+def call(method: str, params: dict[str, Any] | None = None, *, progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    return client().call(method, params, progress=progress)
+
+
+_SHOWN_NOTICES: set[str] = set()
+
+
+def daemon_notice(text: str) -> None:
+    """A notice the daemon attaches to every reply (e.g. a restart is pending): once per command."""
+    if text not in _SHOWN_NOTICES:
+        _SHOWN_NOTICES.add(text)
+        notice(f"notice: {text}")
 
 
 # C0 controls, DEL and C1 controls (ESC and CSI among them): a title, a body or an error message must
@@ -137,6 +152,27 @@ def prompt_secret(prompt: str, confirm: bool = False) -> str:
     if not first:
         raise UsageError("the passphrase is empty: choose a passphrase")
     return first
+
+
+def confirm(question: str, *, refused: str) -> bool:
+    """Ask a yes/no question on the terminal (default no).
+
+    Without a terminal on stdin nobody can answer: ``confirmation_required`` at once (``refused`` says
+    what would happen and that --yes does it), never a prompt that reads a pipe or hangs.
+    """
+    if not sys.stdin.isatty():
+        raise ConfirmationRequired(refused)
+    return bool(typer.confirm(question, default=False))
+
+
+def cli_command(*args: str) -> str:
+    """A `memories ...` command line to show the user, with --home when this run was given one."""
+    import shlex
+
+    prefix = ["memories"]
+    if STATE.home_arg:
+        prefix += ["--home", str(STATE.home.root)]
+    return shlex.join([*prefix, *args])
 
 
 def fmt_time(ts: float | None) -> str:

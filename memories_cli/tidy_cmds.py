@@ -30,13 +30,14 @@ def _forgot_line(out: dict[str, Any]) -> str:
 def summarize(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     older_than: Annotated[int, typer.Option("--older-than", metavar="DAYS", help="Records at least this many days old (0: all). A conversation's age counts from its session date when known, a fact's from its last revision.")],
-    kind: Annotated[str, typer.Option("--kind", help="conversation (default) or fact.")] = "conversation",
+    kind: Annotated[str, typer.Option("--kind", metavar="[conversation|fact]", help="What to condense.")] = "conversation",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the candidates and their token total (the default).")] = False,
     apply: Annotated[bool, typer.Option("--apply", help="Write the summary and forget the originals for real.")] = False,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Tokens of record text sent in one generation request (200-100,000): more old records make several summaries.")] = 6000,
 ) -> None:
-    """Condense old conversations (or facts) into one summary record through the [rag.generation] service.
-    Without --apply it lists the candidates and their token total and changes nothing. With --apply the
+    """Condense old conversations (or facts) into one summary record.
+
+    The [rag.generation] service writes the summary. Without --apply it lists the candidates and their token total and changes nothing. With --apply the
     records are sent to the service as untrusted data; only when every reply is a valid summary is the
     summary written (kind memory, tag summary) and the originals forgotten for real, as `memory forget`
     does. Cannot be undone. Never runs on its own."""
@@ -79,7 +80,9 @@ def prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the stale facts (the default).")] = False,
     apply: Annotated[bool, typer.Option("--apply", help="Forget them for real.")] = False,
 ) -> None:
-    """Remove stale facts: those matching every criterion given (at least one), forgotten for real as
+    """Remove stale facts for good.
+
+    The facts matching every criterion given (at least one) are forgotten for real, as
     `memory forget` does. Private facts are left alone. Without --apply it only lists them. Cannot be
     undone. Never runs on its own."""
     if older_than is None and below_importance is None and not never_recalled:

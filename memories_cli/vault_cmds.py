@@ -10,12 +10,25 @@ from typing import Annotated, Any
 
 import typer
 
-from memoriesd.errors import DaemonUnreachable, UsageError
+from memoriesd.errors import DaemonUnreachable, MemoriesError, UsageError
 
-from .state import STATE, call, emit_json, fmt_time, notice, prompt_secret, read_secret_lines, report, table
+from .state import (
+    STATE,
+    call,
+    cli_command,
+    client,
+    confirm,
+    emit_json,
+    fmt_time,
+    notice,
+    prompt_secret,
+    read_secret_lines,
+    report,
+    table,
+)
 
 vault_app = typer.Typer(help="Create, unlock, lock and manage encrypted vaults.", no_args_is_help=True, rich_markup_mode=None)
-daemon_app = typer.Typer(help="Start, stop and inspect the memoriesd daemon.", no_args_is_help=True, rich_markup_mode=None)
+daemon_app = typer.Typer(help="Start, stop, restart and inspect the memoriesd daemon.", no_args_is_help=True, rich_markup_mode=None)
 
 PassStdin = Annotated[bool, typer.Option("--passphrase-stdin", help="Read the passphrase from the first line of stdin.")]
 PassFile = Annotated[Path | None, typer.Option("--passphrase-file", help="Read the passphrase from the first line of this file.")]
@@ -82,7 +95,7 @@ def status(vault: Annotated[str | None, typer.Argument(help="Vault id or name (d
                 v["vault_id"],
                 v["name"],
                 _state(v),
-                v.get("records", ""),
+                "" if v.get("records") is None else f"{v['records']:,}",
                 "" if v["locked"] else ("on" if v.get("device_only") else "off"),
             ]
             for v in rows
@@ -97,7 +110,10 @@ def unlock(
     passphrase_file: PassFile = None,
     remember: Annotated[bool, typer.Option("--remember", help="Keep the unlock secret in the OS keyring.")] = False,
 ) -> None:
-    """Unlock a vault (uses the OS keyring when the secret was remembered)."""
+    """Unlock a vault.
+
+    Uses the OS keyring when the secret was remembered; else asks for the passphrase.
+    """
     from memoriesd.errors import MemoriesError
 
     params: dict[str, Any] = {"vault": vault, "remember": remember}
@@ -122,11 +138,27 @@ def lock(
     vault: Annotated[str | None, typer.Argument(help="Vault id or name.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Lock every vault.")] = False,
 ) -> None:
-    """Lock a vault: the daemon forgets its key and everything derived from it."""
+    """Lock a vault.
+
+    The daemon forgets its key and everything derived from it. Says which vaults it locked and
+    which were locked already.
+    """
     if not all_ and not vault:
         raise UsageError("name a vault to lock, or pass --all")
     out = call("vault.lock", {"all": True} if all_ else {"vault": vault})
-    report(out, f"Locked {len(out['locked'])} vault(s).")
+    report(out, _lock_message(out, vault if not all_ else None))
+
+
+def _lock_message(out: dict[str, Any], named: str | None) -> str:
+    """What the lock did: a vault that was locked already is said so, not counted as locked."""
+    locked, already = out["locked"], out.get("already_locked", [])
+    if named is not None:
+        return f"Locked vault {named}." if locked else f"Vault {named} was already locked."
+    if not locked:
+        return "Every vault was already locked." if already else "There are no vaults."
+    return f"Locked {len(locked):,} vault{'s' if len(locked) != 1 else ''}" + (
+        f"; {len(already):,} {'was' if len(already) == 1 else 'were'} already locked." if already else "."
+    )
 
 
 @vault_app.command("passwd")
@@ -135,7 +167,10 @@ def passwd(
     passphrase_stdin: Annotated[bool, typer.Option("--passphrase-stdin", help="Read the old and the new passphrase as two lines of stdin.")] = False,
     passphrase_file: Annotated[Path | None, typer.Option("--passphrase-file", help="Read the old and the new passphrase as two lines of this file.")] = None,
 ) -> None:
-    """Change a vault's passphrase (re-wraps the vault key; no record is re-encrypted)."""
+    """Change a vault's passphrase.
+
+    Re-wraps the vault key; no record is re-encrypted.
+    """
     if passphrase_stdin or passphrase_file:
         old, new = read_secret_lines(passphrase_stdin, passphrase_file, 2)
     else:
@@ -148,11 +183,13 @@ def passwd(
 @vault_app.command("delete")
 def delete(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed off a terminal).")] = False,
 ) -> None:
-    """Delete a vault's files (irreversible)."""
+    """Delete a vault's files (irreversible). Asks first on a terminal; elsewhere needs --yes."""
     if not yes:
-        if not typer.confirm(f"Delete vault {vault} and all its records? This cannot be undone", default=False):
+        refused = f"deleting vault {vault} cannot be undone and there is no terminal to ask: pass --yes to delete it"
+        if not confirm(f"Delete vault {vault} and all its records? This cannot be undone", refused=refused):
+            notice("Nothing was deleted.")
             raise typer.Exit(1)
     out = call("vault.delete", {"vault": vault})
     report(out, f"Deleted vault {out['deleted']}.")
@@ -160,14 +197,17 @@ def delete(
 
 @vault_app.command("compact")
 def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Rewrite the log without deleted records and old revisions beyond [vault] keep_revisions, and drop their sealed vectors and lexical-index rows."""
+    """Rewrite a vault's log without deleted records and old revisions.
+
+    Revisions beyond [vault] keep_revisions go, with their sealed vectors and lexical-index rows.
+    """
     out = call("vault.compact", {"vault": vault})
-    message = f"Compacted: {out['revisions_before']} → {out['revisions_after']} revisions, {out['log_bytes']:,} bytes."
+    message = f"Compacted: {out['revisions_before']:,} → {out['revisions_after']:,} revisions, {out['log_bytes']:,} bytes."
     if "vector_entries_kept" in out:
         message += f" Sealed vectors: {out['vector_entries_kept']:,} kept, {out['vector_entries_dropped']:,} dropped."
         if out.get("vector_files_skipped"):
             message += (
-                f" {out['vector_files_skipped']} vector file(s) of a model not used since they were written were left"
+                f" {out['vector_files_skipped']:,} vector file(s) of a model not used since they were written were left"
                 " as is (see SECURITY.md, Deleting)."
             )
     report(out, message)
@@ -176,11 +216,14 @@ def compact(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> 
 @vault_app.command("policy")
 def policy(
     vault: Annotated[str, typer.Argument(help="Vault id or name (must be unlocked).")],
-    device_only: Annotated[str | None, typer.Option("--device-only", help="on or off.")] = None,
+    device_only: Annotated[str | None, typer.Option("--device-only", metavar="[on|off]", help="Keep the text on this machine (on) or allow remote services (off).")] = None,
     extract: Annotated[bool | None, typer.Option("--extract/--no-extract", help="Extract facts from conversations after capture (default on).")] = None,
 ) -> None:
-    """Show or set a vault's policy (device-only: its text never leaves this machine; extract: facts are
-    extracted from conversations after `memory capture`)."""
+    """Show or set a vault's policy.
+
+    device-only: its text never leaves this machine; extract: facts are extracted from conversations
+    after `memory capture`.
+    """
     params: dict[str, Any] = {"vault": vault}
     if device_only is not None:
         if device_only not in ("on", "off"):
@@ -219,29 +262,87 @@ def daemon_start() -> None:
 @daemon_app.command("stop")
 def daemon_stop() -> None:
     """Stop memoriesd: every vault is locked and its key wiped."""
-    from .client import Client, daemon_alive
-
     home = STATE.home
-    if not daemon_alive(home):
-        _clean_stale(home)
+    pid = _stop(home)
+    if pid is None:
         notice("memoriesd is not running.")
         if STATE.json:
             emit_json({"stopped": False, "running": False})
         return
-    pid = Client(home, autostart=False).call("daemon.status")["pid"]
-    Client(home, autostart=False).call("daemon.stop")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (daemon_alive(home) or _pid_alive(pid)):
-        time.sleep(0.05)
     notice("memoriesd stopped.")
     if STATE.json:
         emit_json({"stopped": True, "pid": pid})
 
 
+def _stop(home: Any) -> int | None:
+    """Stop the daemon of ``home`` and wait until it is gone; its pid, or None when it was not running.
+
+    The replies' notices are not shown: "config.toml changed, run restart" is moot once it stops.
+    """
+    from .client import Client, daemon_alive
+
+    if not daemon_alive(home):
+        _clean_stale(home)
+        return None
+    pid = int(Client(home, autostart=False).call("daemon.status")["pid"])
+    Client(home, autostart=False).call("daemon.stop")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (daemon_alive(home) or _pid_alive(pid)):
+        time.sleep(0.05)
+    return pid
+
+
+@daemon_app.command("restart")
+def daemon_restart() -> None:
+    """Stop memoriesd and start it again, reading config.toml anew (apply an edit with this).
+
+    Every vault is locked by the stop: the vaults are listed afterwards with the command that unlocks each.
+    """
+    from .client import start_daemon
+
+    home = STATE.home
+    old_pid = _stop(home)
+    try:
+        start_daemon(home)  # as any command does when the daemon is not running
+    except MemoriesError as exc:
+        if exc.code != "config_invalid":
+            raise
+        raise MemoriesError(
+            f"{exc.message} (memoriesd is stopped: run `{cli_command('daemon', 'restart')}` once the file is fixed)",
+            code=exc.code,
+        ) from None
+    out = client(autostart=False).call("daemon.status")
+    vaults = client(autostart=False).call("vault.list")["vaults"]
+    names = [v["name"] for v in vaults]
+    locked = [
+        {
+            "vault_id": v["vault_id"],
+            "name": v["name"],
+            # The name when it is unique (it reads better), else the id.
+            "unlock": cli_command("vault", "unlock", v["name"] if names.count(v["name"]) == 1 else v["vault_id"]),
+        }
+        for v in vaults
+        if v["locked"] and not v.get("corrupt")
+    ]
+    if STATE.json:
+        emit_json({"restarted": old_pid is not None, "stopped_pid": old_pid, "pid": out["pid"], "config": out["config"], "locked": locked})
+        return
+    if old_pid is None:
+        notice(f"memoriesd was not running: started it (pid {out['pid']}), with the settings of {out['config']}.")
+    else:
+        notice(f"memoriesd restarted (pid {old_pid} → {out['pid']}) with the settings of {out['config']}.")
+    if not vaults:
+        notice(f"There are no vaults yet: create one with `{cli_command('vault', 'create', 'NAME')}`.")
+    elif locked:
+        notice(f"{'Every vault is' if len(locked) == len(vaults) else 'These vaults are'} locked now; unlock the ones you use:")
+        for v in locked:
+            print(f"  {v['unlock']}")
+
+
 @daemon_app.command("status")
 def daemon_status() -> None:
-    """Say whether memoriesd is running."""
-    from .client import Client, daemon_alive
+    """Say whether memoriesd is running (and whether config.toml changed since it started)."""
+    from .client import daemon_alive
 
     home = STATE.home
     if not daemon_alive(home):
@@ -250,7 +351,7 @@ def daemon_status() -> None:
         else:
             print(f"memoriesd is not running for {home.root}")
         raise typer.Exit(6)
-    out = Client(home, autostart=False).call("daemon.status")
+    out = client(autostart=False).call("daemon.status")
     out["running"] = True
     if STATE.json:
         emit_json(out)

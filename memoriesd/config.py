@@ -123,7 +123,7 @@ class RagConfig:
     rrf_k: int = 60
     candidates: int = 100
     max_document_mib: float = 4.0
-    ask_min_cosine: float = 0.0  # vector evidence floor for `ask`; 0 = the model's calibrated one, -1 = none
+    ask_min_cosine: float = 0.0  # vector evidence floor for ask, context and search; 0 = the model's calibrated one, -1 = none
     rerank_default: bool = True
     fusion: str = "convex"  # hybrid: "convex" (min-max normalised scores) or "rrf" (reciprocal ranks)
     vector_weight: float = 0.0  # hybrid: the vector side's weight, BM25's being 1; 0 = the model's measured default
@@ -380,4 +380,7 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"config file {path} is not valid TOML ({exc}): fix the line it names") from exc
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from exc
-    return parse_config(data, path.parent.resolve(), str(path))
+    try:
+        return parse_config(data, path.parent.resolve(), str(path))
+    except ConfigError as exc:  # the key alone does not say which file: the home may be anywhere
+        raise ConfigError(f"{exc.message} (config file {path})") from None

@@ -24,6 +24,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "invalid_params": EXIT_USAGE,
     "query_invalid": EXIT_USAGE,
     "passphrase_required": EXIT_USAGE,
+    "confirmation_required": EXIT_USAGE,
     "vault_locked": EXIT_LOCKED,
     "bad_passphrase": EXIT_LOCKED,
     "not_found": EXIT_NOT_FOUND,
@@ -58,6 +59,12 @@ class MemoriesError(Exception):
 
 class UsageError(MemoriesError):
     code = "usage"
+
+
+class ConfirmationRequired(UsageError):
+    """A destructive command would ask, but there is no terminal to ask on: ``--yes`` says it."""
+
+    code = "confirmation_required"
 
 
 class InvalidParams(MemoriesError):

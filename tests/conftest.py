@@ -23,6 +23,11 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
+
+def needs_shared(part: str) -> str:
+    """Why a test skips (or stops) without the shared models and data sets: what to put beside the clone."""
+    return f"needs ../shared/{part} beside the clone (CI has ../shared; see README, Development)"
+
 # Cheap KDF parameters keep the suite fast; the defaults stay strong (tested separately).
 CHEAP_CONFIG = """
 [vault]
@@ -202,4 +207,4 @@ def all_file_bytes(root: Path) -> list[tuple[Path, bytes]]:
     return out
 
 
-__all__ = ["Daemon", "DaemonError", "Home", "run_cli", "cli_json", "create_vault", "short_tmpdir", "write_config", "SHARED", "REPO"]
+__all__ = ["Daemon", "DaemonError", "Home", "run_cli", "cli_json", "create_vault", "short_tmpdir", "write_config", "SHARED", "REPO", "needs_shared"]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .conftest import SHARED, Daemon, cli_json, create_vault, run_cli, running_daemon
+from .conftest import SHARED, Daemon, cli_json, create_vault, needs_shared, run_cli, running_daemon
 from .tinymodel import make_tiny_model
 
 MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
@@ -28,7 +28,7 @@ def _folder(root: Path, n: int, words: int = 120) -> Path:
 def _minilm_vault(tmp_path: Path, notes: int, extra: str = "", threads: int = 2) -> Iterator[tuple[Daemon, str]]:
     """A daemon with the small real model and a vault that has just ingested ``notes`` Markdown files."""
     if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
-        raise AssertionError(f"{MINILM} is missing")
+        raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
     with running_daemon(f'{extra}[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = {threads}\n') as d:
         vid = create_vault(d)
         folder = _folder(tmp_path, notes)

@@ -17,6 +17,7 @@ from memoriesd.index.bm25 import BM25Index, IndexedDoc, check_caps, doc_source_b
 from memoriesd.index.query import MAX_TERMS, parse_query
 from memoriesd.text import segment as seg
 from memoriesd.text.fragments import split_fragments
+from tests.conftest import needs_shared
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 KEY = b"test-key"
@@ -308,7 +309,7 @@ def _ndcg10(
     return statistics.fmean(scores), sorted(latencies)
 
 
-@pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason="../shared/eval/scifact is absent")
+@pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason=needs_shared("eval/scifact"))
 def test_scifact_quality_meets_the_fragment_level_baseline() -> None:
     """Quality only: speed targets live in scripts/bench_bm25.py, never in timed assertions."""
     ix, queries, qrels, _ = _load("scifact")
@@ -318,7 +319,7 @@ def test_scifact_quality_meets_the_fragment_level_baseline() -> None:
     ix.close()
 
 
-@pytest.mark.skipif(not (SHARED / "eval" / "xquad-zh").is_dir(), reason="../shared/eval/xquad-zh is absent")
+@pytest.mark.skipif(not (SHARED / "eval" / "xquad-zh").is_dir(), reason=needs_shared("eval/xquad-zh"))
 def test_xquad_zh_quality() -> None:
     ix, queries, qrels, _ = _load("xquad-zh")
     ndcg, _ = _ndcg10(ix, queries, qrels)

@@ -169,9 +169,9 @@ def test_daemon_start_status_stop(home: Path) -> None:
     assert r.returncode == 6 and "daemon start" in r.stderr
 
 
-def test_vault_delete_asks_without_yes(daemon: Daemon, vault: str) -> None:
-    r = run_cli(daemon.home, "vault", "delete", vault, input="n\n")
-    assert r.returncode == 1
+def test_vault_delete_needs_yes_off_a_terminal(daemon: Daemon, vault: str) -> None:
+    r = run_cli(daemon.home, "vault", "delete", vault, input="y\n")  # a pipe is no answer (test_first_hour: a terminal is)
+    assert r.returncode == 2 and "error[confirmation_required]" in r.stderr and "--yes" in r.stderr
     assert run_cli(daemon.home, "vault", "delete", vault, "--yes").returncode == 0
     assert cli_json(daemon.home, "vault", "list") == {"vaults": []}
     assert not any((daemon.home / "vaults").iterdir())

@@ -16,7 +16,7 @@ from memoriesd.rag.vectors import live_fragment_keys
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
 
-from .conftest import SHARED, Daemon, all_file_bytes, cli_json, create_vault, running_daemon
+from .conftest import SHARED, Daemon, all_file_bytes, cli_json, create_vault, needs_shared, running_daemon
 
 MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
 PASS = "correct horse"
@@ -39,7 +39,7 @@ def _paragraphs(n: int) -> list[str]:
 def _daemon() -> Iterator[tuple[Daemon, str]]:
     """MiniLM, background indexing off: `rag index` says exactly how many fragments it embedded."""
     if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
-        raise AssertionError(f"{MINILM} is missing")
+        raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
     with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n') as d:
         yield d, create_vault(d, passphrase=PASS)
 

@@ -19,7 +19,7 @@ from memoriesd.index.caches import embed_input, index_doc
 from memoriesd.text.fragments import split_fragments
 from memoriesd.vault.records import Record
 
-from .conftest import SHARED, Daemon, cli_json, create_vault, run_cli, running_daemon
+from .conftest import SHARED, Daemon, cli_json, create_vault, needs_shared, run_cli, running_daemon
 
 PASS = "correct horse"
 LOCOMO = SHARED / "eval" / "locomo-dev" / "26.json"
@@ -301,7 +301,7 @@ def test_capturing_again_changes_nothing_and_a_longer_session_is_a_new_revision(
         assert len(d.call("memory.list", {"vault": vid, "kind": "conversation"})["records"]) == 1
 
 
-@pytest.mark.skipif(not LOCOMO.is_file(), reason=f"the LoCoMo dev file {LOCOMO} is missing (../shared/eval/locomo-dev)")
+@pytest.mark.skipif(not LOCOMO.is_file(), reason=needs_shared("eval/locomo-dev/26.json"))
 def test_the_locomo_file_makes_one_record_per_session_and_results_name_its_turns() -> None:
     with running_daemon() as d:
         vid = create_vault(d, passphrase=PASS)

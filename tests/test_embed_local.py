@@ -16,6 +16,7 @@ import pytest
 from memoriesd.config import LocalModelConfig
 from memoriesd.embed import GEMMA_PROFILE, LocalEmbedder, format_document, format_query, plan_batches
 from memoriesd.errors import ModelUnavailable
+from tests.conftest import needs_shared
 from tests.tinymodel import check_graph, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def test_loading_writes_no_telemetry_and_nothing_into_the_model_dir(models: dict
 # The real all-MiniLM-L6-v2 export from ../shared
 # ---------------------------------------------------------------------------------------------
 
-needs_minilm = pytest.mark.skipif(not MINILM.is_dir(), reason="../shared/models/all-MiniLM-L6-v2-onnx is absent")
+needs_minilm = pytest.mark.skipif(not MINILM.is_dir(), reason=needs_shared("models/all-MiniLM-L6-v2-onnx"))
 
 
 @pytest.fixture(scope="module")

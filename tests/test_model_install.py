@@ -32,6 +32,7 @@ from memoriesd.errors import (
     UrlRefused,
 )
 from memoriesd.net.download import redirect_target
+from tests.conftest import needs_shared
 from tests.servers import ConnectProxy, LoopbackCA, Mirror, Scripted, make_test_ca
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -135,7 +136,7 @@ def test_real_manifest_pins_exactly_the_six_files_totalling_218727651_bytes() ->
 def test_real_manifest_agrees_with_the_shared_facts() -> None:
     facts = SHARED / "embeddinggemma.md"
     if not facts.exists():
-        pytest.skip("../shared is absent")
+        pytest.skip(needs_shared("embeddinggemma.md"))
     rows = dict(re.findall(r"^\| (\S+) \| [\d,]+ \| ([0-9a-f]{64}) \|$", facts.read_text(), re.M))
     sizes = {p: int(s.replace(",", "")) for p, s in re.findall(r"^\| (\S+) \| ([\d,]+) \|", facts.read_text(), re.M)}
     for f in load_manifest(default_manifest_path()).files:

@@ -13,6 +13,7 @@ import pytest
 from memoriesd.errors import Internal, InvalidParams
 from memoriesd.text import segment as seg
 from memoriesd.text.fragments import Fragment, fingerprint, split_fragments
+from tests.conftest import needs_shared
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 KEY = b"k" * 32
@@ -138,7 +139,7 @@ def test_invalid_sizes_and_lone_surrogates_are_refused_with_one_line() -> None:
     assert "\ud800" not in exc.value.message and "\n" not in exc.value.message
 
 
-@pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason="../shared/eval/scifact is absent")
+@pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason=needs_shared("eval/scifact"))
 def test_scifact_abstracts_split_in_well_under_two_seconds() -> None:
     lines = (SHARED / "eval" / "scifact" / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
     bodies = [json.loads(line)["text"] for line in lines]

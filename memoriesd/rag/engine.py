@@ -175,8 +175,7 @@ class RagEngine:
         with self._state_lock:
             if self._local is not None and self._model_stamp() != self._local_stamp:
                 raise ModelUnavailable(
-                    f"the model files in {self._local_dir} changed after the daemon loaded them: restart the daemon "
-                    "(`memories daemon stop`; the next command starts it again)"
+                    f"the model files in {self._local_dir} changed after the daemon loaded them: run `memories daemon restart`"
                 )
             if self._local is None:
                 if not self.local_model_present():
@@ -457,12 +456,13 @@ class RagEngine:
         if out["fragments"] is None:
             # No index yet: count what it would hold without building it (state stays "none").
             from ..index.bm25 import check_caps
+            from ..index.caches import body_start
             from ..text.fragments import split_fragments
 
             n_frags = 0
             size = 0
             for r in searchable:
-                frags = split_fragments(r.id, r.revision, r.body, bytes(32))
+                frags = split_fragments(r.id, r.revision, r.body, bytes(32), skip=body_start(r))
                 n_frags += max(1, len(frags)) if r.title.strip() or frags else 0
                 size += len(r.title.encode("utf-8")) + len(r.body.encode("utf-8"))
             out["fragments"] = n_frags

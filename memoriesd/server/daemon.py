@@ -56,6 +56,7 @@ from . import (  # noqa: E402
     rag_handlers,
     tidy_handlers,
 )
+from .config_watch import ConfigWatch, name_config_path  # noqa: E402
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
 from .lograte import LogRateLimit, installed_limits  # noqa: E402
@@ -153,14 +154,20 @@ def setup_logging(home: Home, level: str) -> None:
 class App:
     """Everything a handler may use: home, config, vaults and the retrieval engine."""
 
-    def __init__(self, home: Home, config: Config) -> None:
+    def __init__(self, home: Home, config: Config, config_watch: ConfigWatch | None = None) -> None:
         self.home = home
         self.config = config
+        # config.toml as read at start: an edit since is said in every reply ("restart pending").
+        self.config_watch = config_watch or ConfigWatch(home.config_path)
         self.vaults = VaultManager(home, config)
         self.started = time.monotonic()
         self._stop_cb: Any = None
         self.rag: Any = RagEngine(self)
         self.watch = WatchService(self)  # [[rag.watch]] folders, watched while their vault is unlocked
+
+    def notices(self) -> list[str]:
+        """Notices every reply carries (the frame's ``notices``): today, an edited config.toml."""
+        return self.config_watch.notices()
 
     def request_stop(self) -> None:
         if self._stop_cb is not None:
@@ -303,7 +310,7 @@ class Connection:
             if method == "session.grant":
                 fut = loop.run_in_executor(self.server.pool, grants.present_grant, self.server.app, self, Params(req.get("params")))
                 result = await self._keepalive_until(rid, fut)
-                await self.send({"id": rid, "result": result})
+                await self.send(self._reply(rid, "result", result))
                 return
 
             def progress(p: dict[str, Any]) -> None:
@@ -311,15 +318,29 @@ class Connection:
 
             ctx = Context(Params(req.get("params")), progress, self.cancelled, self.grant)
             result = await self._keepalive_until(rid, loop.run_in_executor(self.server.pool, self.server.app.dispatch, method, ctx))
-            await self.send({"id": rid, "result": result})
+            await self.send(self._reply(rid, "result", result))
         except MemoriesError as exc:
             if exc.code in ("internal",):
                 log.error("request failed: %s", exc.code)
-            await self.send({"id": rid, "error": exc.to_dict()})
+            err_dict = exc.to_dict()
+            err_dict["message"] = name_config_path(err_dict["message"], self.server.app.home.config_path, exc.code)
+            await self.send(self._reply(rid, "error", err_dict))
         except Exception:
             log.exception("internal error in %s", req.get("method") if isinstance(req.get("method"), str) else "?")
             err = Internal("the daemon hit an internal error; details are in the daemon log (logs/memoriesd.log)")
-            await self.send({"id": rid, "error": err.to_dict()})
+            await self.send(self._reply(rid, "error", err.to_dict()))
+
+    def _reply(self, rid: Any, kind: str, body: Any) -> dict[str, Any]:
+        """A result or error frame, with the daemon's ``notices`` (e.g. a pending restart) when there are any."""
+        frame: dict[str, Any] = {"id": rid, kind: body}
+        try:
+            notices = self.server.app.notices()
+        except Exception:  # noqa: BLE001 - a notice never costs a reply
+            log.exception("could not compute the reply notices")
+            notices = []
+        if notices:
+            frame["notices"] = notices
+        return frame
 
     async def _keepalive_until(self, rid: Any, fut: asyncio.Future[Any]) -> Any:
         """Await ``fut``, sending ``{"id": rid, "progress": {"keepalive": true}}`` every ``keepalive_seconds``
@@ -518,6 +539,7 @@ def acquire_lock(home: Home) -> int:
 def run_daemon(home: Home) -> int:
     home.ensure()
     home.check_socket_path()
+    config_watch = ConfigWatch(home.config_path)  # before reading it: an edit from now on is noticed
     config = load_config(home.config_path)
     lock_fd = acquire_lock(home)
     try:
@@ -529,7 +551,7 @@ def run_daemon(home: Home) -> int:
                 stale.unlink()
         home.pid_path.write_text(f"{os.getpid()}\n")
         nofile = raise_nofile_limit()
-        app = App(home, config)
+        app = App(home, config, config_watch)
         try:
             asyncio.run(Server(app, nofile).run())
         finally:

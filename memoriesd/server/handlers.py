@@ -26,6 +26,8 @@ MAX_TITLE = 1000
 MAX_TAGS = 64
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_FILE_BYTES = 6 * 1024 * 1024
+#: Most records one `memory.list` page may hold (without a limit, every record is returned).
+MAX_LIST_LIMIT = 100_000
 
 
 def method(name: str) -> Callable[[Handler], Handler]:
@@ -87,6 +89,8 @@ def daemon_status(app: Any, ctx: Context) -> dict[str, Any]:
         "home": str(app.home.root),
         "uptime_seconds": round(time.monotonic() - app.started, 3),
         "unlocked": [v["vault_id"] for v in app.vaults.list_vaults() if not v["locked"]],
+        "config": str(app.home.config_path),
+        "restart_pending": app.config_watch.changed(),  # config.toml edited since the daemon started
     }
 
 
@@ -150,11 +154,15 @@ def vault_unlock(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.lock")
 def vault_lock(app: Any, ctx: Context) -> dict[str, Any]:
+    """``locked``: the vaults this request locked; ``already_locked``: those that were locked before it."""
     if ctx.params.flag("all", False):
-        return {"locked": app.vaults.lock_all()}
+        locked = app.vaults.lock_all()
+        others = [v["vault_id"] for v in app.vaults.list_vaults() if v["vault_id"] not in locked]
+        return {"locked": locked, "already_locked": others}
     vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
-    app.vaults.lock(vault_id)
-    return {"locked": [vault_id]}
+    if app.vaults.lock(vault_id):
+        return {"locked": [vault_id], "already_locked": []}
+    return {"locked": [], "already_locked": [vault_id]}
 
 
 @method("vault.passwd")
@@ -299,11 +307,32 @@ def memory_history(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("memory.list")
 def memory_list(app: Any, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
-    kind = ctx.params.choice("kind", KINDS, None)
-    recs = [r for r in store.latest() if kind is None or r.kind == kind]
+    """Records newest first, one page of them: ``limit``/``offset`` page, ``kind``/``tag``/``since`` filter.
+
+    Without ``limit`` every record is returned (scripts rely on it); ``total`` counts the records that
+    pass the filters, so a client can say "showing 1-50 of 5,183".
+    """
+    from ..rag.filters import parse_day, record_day
+
+    p = ctx.params
+    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    kind = p.choice("kind", KINDS, None)
+    tag = p.text("tag", None, max_len=100)
+    since_text = p.text("since", None, max_len=40)
+    since = parse_day(since_text, "--since") if since_text is not None else None
+    limit = p.integer("limit", None, lo=1, hi=MAX_LIST_LIMIT)
+    offset = p.integer("offset", 0, lo=0)
+    wanted_tag = tag.strip().casefold() if tag is not None else None
+    recs = [
+        r
+        for r in store.latest()
+        if (kind is None or r.kind == kind)
+        and (wanted_tag is None or any(t.casefold() == wanted_tag for t in r.tags))
+        and (since is None or record_day(r) >= since)
+    ]
     recs.sort(key=lambda r: (-r.updated, r.id))
-    return {"records": [r.summary() for r in recs]}
+    page = recs[offset:] if limit is None else recs[offset : offset + limit]
+    return {"records": [r.summary() for r in page], "total": len(recs), "offset": offset, "limit": limit}
 
 
 @method("memory.update")

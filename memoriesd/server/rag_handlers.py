@@ -312,7 +312,10 @@ def rag_model_install(app: Any, ctx: Context) -> dict[str, Any]:
     out = report.to_dict()
     out["dir"] = str(dest)
     if dest != _engine(app).model_dir():
-        out["notice"] = f"set [rag] local_model_dir = \"{dest}\" in config.toml to use this copy"
+        out["notice"] = (
+            f"set [rag] local_model_dir = \"{dest}\" in {app.home.config_path} and run `memories daemon restart` "
+            "to use this copy"
+        )
     else:
-        out["notice"] = "restart the daemon (`memories daemon stop`) if it had loaded other model files"
+        out["notice"] = "run `memories daemon restart` if the daemon had loaded other model files"
     return out
