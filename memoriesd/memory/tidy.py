@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
+from ..errors import DeviceOnly, GenerationNotConfigured, UsageError
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 from .facts import KIND as FACT
@@ -253,20 +253,13 @@ def _generation_notice(engine: Any, store: VaultStore) -> str | None:
 
 def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callable[[], None]:
     """A check that raises when the vault locked, the request ended, or an original changed."""
+    from ..rag.answer import unchanged_check
 
-    def check() -> None:
-        if store.closed:
-            raise Cancelled(f"vault {store.name} was locked while the summary was pending: nothing was written or forgotten")
-        ctx.check_cancelled()
-        for rid, rev in revisions.items():
-            try:
-                current = store.get(rid).revision
-            except NotFound:
-                current = -1
-            if current != rev:
-                raise Cancelled("a record changed while the summary was pending: nothing was written or forgotten; run it again")
-
-    return check
+    return unchanged_check(
+        store, revisions, ctx,
+        locked="was locked while the summary was pending: nothing was written or forgotten",
+        changed="a record changed while the summary was pending: nothing was written or forgotten; run it again",
+    )
 
 
 def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import Cancelled, GenerationNotConfigured, NotFound
@@ -47,6 +48,27 @@ def _run_cancellable(fn: Any, check: Any) -> Any:
         raise value
 
 
+def unchanged_check(
+    store: VaultStore, revisions: dict[str, int], ctx: Any, *, locked: str, changed: str
+) -> Callable[[], None]:
+    """A check for work that waits on a model: it raises :class:`Cancelled` when the vault was locked
+    (``vault NAME <locked>``), the request ended, or a record of ``revisions`` changed (``changed``)."""
+
+    def check() -> None:
+        if store.closed:
+            raise Cancelled(f"vault {store.name} {locked}")
+        ctx.check_cancelled()
+        for rid, rev in revisions.items():
+            try:
+                current = store.get(rid).revision
+            except NotFound:
+                current = -1
+            if current != rev:
+                raise Cancelled(changed)
+
+    return check
+
+
 def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
     return {"status": "insufficient_evidence", "answer": "", "mode": mode, "citations": [], "notices": notices}
 
@@ -78,17 +100,11 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
         meta.append((doc, frag))
     revisions = {doc.record_id: doc.revision for doc, _ in meta}
 
-    def check() -> None:
-        if store.closed:
-            raise Cancelled(f"vault {store.name} was locked while the answer was pending: the late answer was dropped")
-        ctx.check_cancelled()
-        for rid, rev in revisions.items():
-            try:
-                current = store.get(rid).revision
-            except NotFound:
-                current = -1
-            if current != rev:
-                raise Cancelled("a source record changed while the answer was pending: ask again")
+    check = unchanged_check(
+        store, revisions, ctx,
+        locked="was locked while the answer was pending: the late answer was dropped",
+        changed="a source record changed while the answer was pending: ask again",
+    )
 
     from .providers import Generator
 
