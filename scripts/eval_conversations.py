@@ -168,6 +168,9 @@ def pack_turns(spans: Spans, items: list[dict[str, Any]]) -> set[str]:
     return got
 
 
+_DUMP = open(os.environ["EVAL_DUMP"], "a") if os.environ.get("EVAL_DUMP") else None  # noqa: SIM115
+
+
 def score(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: str, budget: int) -> dict[str, Any]:
     per: dict[str, dict[str, list[float]]] = {}
     lat: list[float] = []
@@ -197,6 +200,13 @@ def score(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: st
             "pack_all": float(evidence <= in_pack),
             "pack_tokens": float(pack["used_tokens"]),
         }
+        if _DUMP is not None:
+            _DUMP.write(json.dumps({"q": q["question"], "cat": cat, "evidence": sorted(evidence), "row": row,
+                                    "top10": [sorted(t) for t in top],
+                                    "pack": [{"rid": i["record_id"][:8], "s": i.get("start"), "e": i.get("end"),
+                                              "tok": i["tokens"], "score": i["score"],
+                                              "turns": sorted(spans.covered(i["record_id"], i.get("start"), i.get("end")))}
+                                             for i in pack["items"]]}) + "\n")
         for key in (cat, "all"):
             bucket = per.setdefault(key, {})
             for k, v in row.items():

@@ -351,3 +351,16 @@ def test_a_conversation_fragment_too_long_for_the_pack_comes_as_an_excerpt_of_wh
     # The fragment the search found is longer than what the pack shows of it.
     hits = _search(env, "wombatbravo repaint", "--mode", "bm25", "--limit", "1")
     assert hits[0]["record_id"] == env.a and hits[0]["end"] - hits[0]["start"] > it["end"] - it["start"]
+
+
+def test_a_context_pack_shows_each_turn_once_though_neighbouring_fragments_share_one(env: Env) -> None:
+    # Every turn of conversation A speaks of the harbour wall, so all its fragments match; they overlap
+    # by a turn, and the pack shows each turn once: its items of A never share a byte.
+    hits = [h for h in _search(env, "harbour wall boats", "--mode", "bm25", "--limit", "20") if h["record_id"] == env.a]
+    assert len(hits) >= 3 and any(a["end"] > b["start"] and b["end"] > a["start"] for a in hits for b in hits if a is not b)
+    pack = env.cli("rag", "context", env.v, "harbour wall boats", "--mode", "bm25", "--budget", "4000")
+    spans = sorted((i["start"], i["end"]) for i in pack["items"] if i["record_id"] == env.a)
+    assert len(spans) >= 2, pack["text"]
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+    starts = {t[0] for t in env.turns(env.a)}
+    assert all(s in starts for s, _ in spans)  # cut at turn boundaries

@@ -43,8 +43,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..conversations.excerpt import excerpts
-from ..conversations.fragments import conversation_view
+from ..conversations.fragments import TurnSpan, conversation_view, turn_spans
 from ..errors import UsageError
+from ..vault.records import Record
 from ..vault.store import VaultStore
 from .facts import KIND, category_of, current_facts, profile_order
 
@@ -143,20 +144,60 @@ def _about(conv: dict[str, Any]) -> str:
     return str(conv.get("date") or "")
 
 
-def _take(items: list[PackItem], room: int, label_cost: int) -> tuple[list[PackItem], int]:
+Trim = Callable[["PackItem", list["PackItem"]], "PackItem | None"]
+
+
+def _take(items: list[PackItem], room: int, label_cost: int, trim: Trim | None = None) -> tuple[list[PackItem], int]:
     """Items in order that fit whole into ``room`` tokens (one that does not fit is replaced by its
-    shorter excerpt when that fits, else skipped)."""
+    shorter excerpt when that fits, else skipped). ``trim`` shows a form without what the items
+    already chosen hold (None: nothing new in it, so the item is skipped)."""
     chosen: list[PackItem] = []
     used = 0
     for it in items:
         form: PackItem | None = it
         while form is not None:
-            if used + form.cost + label_cost <= room:
-                chosen.append(form)
-                used += form.cost + label_cost
+            shown = trim(form, chosen) if trim is not None else form
+            if shown is None:
+                break
+            if used + shown.cost + label_cost <= room:
+                chosen.append(shown)
+                used += shown.cost + label_cost
                 break
             form = form.alt
     return chosen, used
+
+
+def turn_trimmer(records: dict[str, Record], count: Callable[[str], int]) -> Trim:
+    """A conversation fragment overlaps its neighbours by a turn, and an excerpt may repeat turns of
+    a fragment already in the pack: the pack shows each turn once. A form whose turns are partly in
+    the chosen items of the same record is cut to its longest run of turns not yet shown."""
+
+    def trim(form: PackItem, chosen: list[PackItem]) -> PackItem | None:
+        rec = records.get(form.record_id)
+        if rec is None or form.start is None or form.end is None:
+            return form
+        shown = [(c.start, c.end) for c in chosen if c.record_id == form.record_id and c.start is not None]
+        if not any(s < form.end and form.start < e for s, e in shown if e is not None):
+            return form
+        runs: list[list[TurnSpan]] = [[]]
+        for t in turn_spans(rec) or []:
+            if not (form.start <= t.start and t.end <= form.end):
+                continue
+            if any(s <= t.start and e is not None and t.end <= e for s, e in shown):
+                runs.append([])
+            else:
+                runs[-1].append(t)
+        run = max(runs, key=len)
+        if not run:
+            return None
+        start, end = run[0].start, run[-1].end
+        text = rec.body.encode("utf-8")[start:end].decode("utf-8")
+        cut = replace(form, text=_flat(text), start=start, end=end, alt=None,
+                      conversation=conversation_view(rec, start, end))
+        cut.cost = count(cut.body()) + 1
+        return cut
+
+    return trim
 
 
 def select(
@@ -165,6 +206,7 @@ def select(
     budget: int,
     share: float,
     count: Callable[[str], int],
+    trim: Trim | None = None,
 ) -> tuple[list[PackItem], list[PackItem], int]:
     """The priority rule (module docstring): the items of each block and the tokens used."""
     n = len(profile) + len(relevant)
@@ -176,7 +218,7 @@ def select(
     chosen_p, used_p = _take(profile, cap_p - head_p, label_cost) if profile and cap_p > head_p else ([], 0)
     cost_p = head_p + used_p if chosen_p else 0
     room_r = budget - cost_p - head_r
-    chosen_r, used_r = _take(relevant, room_r, label_cost) if relevant and room_r > 0 else ([], 0)
+    chosen_r, used_r = _take(relevant, room_r, label_cost, trim) if relevant and room_r > 0 else ([], 0)
     cost_r = head_r + used_r if chosen_r else 0
     left = budget - cost_p - cost_r
     taken = set(map(id, chosen_p))
@@ -273,7 +315,8 @@ def build_pack(
         while form is not None:
             form.cost = count(form.body()) + 1
             form = form.alt
-    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count)
+    trim = turn_trimmer({rec.id: rec for doc, _, _, rec in found if doc.kind == CONVERSATION}, count)
+    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count, trim)
     items: list[dict[str, Any]] = []
     lines: list[str] = []
     label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
