@@ -270,6 +270,15 @@ Mode = Annotated[
     Literal["bm25", "vector", "hybrid"] | None,
     Field(description="bm25 (words), vector (meaning) or hybrid; default: hybrid when the daemon has an embedding model."),
 ]
+MinScore = Annotated[
+    float | None,
+    Field(
+        ge=-1.0,
+        le=1.0,
+        description="Keep only passages at or above this score (vector/hybrid: cosine; -1 turns the default "
+        "relevance floor off, so the nearest passages come back even when nothing is relevant).",
+    ),
+]
 AskLimit = Annotated[int, Field(ge=1, le=100, description="How many passages to ground the answer on (1-100).")]
 Query = Annotated[str, Field(min_length=1, max_length=2000, description="What to look for (words or a question).")]
 Words = Annotated[str, Field(min_length=1, max_length=2000, description="Words to look for.")]
@@ -356,10 +365,10 @@ def build_server(link: DaemonLink) -> MCPServer:
         mode: Mode = None,
         limit: Limit = 10,
         match_mode: MatchMode = "any",
+        min_score: MinScore = None,
     ) -> CallToolResult:
-        return await run(
-            "memory_retrieve", "rag.search", {"query": query, "mode": mode, "limit": limit, "match_mode": match_mode}
-        )
+        params = {"query": query, "mode": mode, "limit": limit, "match_mode": match_mode, "min_score": min_score}
+        return await run("memory_retrieve", "rag.search", params)
 
     @server.tool(
         name="memory_ask",

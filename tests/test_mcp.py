@@ -186,7 +186,7 @@ def test_tools_are_listed_with_schemas_read_only_hints_and_the_data_notice(env: 
     expected = {
         "memory_search": ({"query"}, {"query", "limit", "match_mode"}),
         "memory_read": ({"id"}, {"id", "revision"}),
-        "memory_retrieve": ({"query"}, {"query", "mode", "limit", "match_mode"}),
+        "memory_retrieve": ({"query"}, {"query", "mode", "limit", "match_mode", "min_score"}),
         "memory_ask": ({"question"}, {"question", "mode", "limit"}),
     }
     for name, (required, props) in expected.items():

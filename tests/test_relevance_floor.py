@@ -104,3 +104,25 @@ def test_min_score_minus_one_turns_the_floor_off_and_nothing_scores_as_a_sure_ma
     assert all(r["score"] == r["cosine"] < 0.25 for r in vector["results"])
     r = run_cli(d.home, "rag", "search", vid, GIBBERISH, "--min-score", "-1")
     assert r.returncode == 0 and "[S5]" in r.stdout and "1.0000" not in r.stdout, r.stdout + r.stderr
+
+
+def test_mcp_retrieve_keeps_the_floor_and_min_score_minus_one_turns_it_off(vault: tuple[Daemon, str, dict[str, str]]) -> None:
+    from mcp.client.session import ClientSession
+
+    from .test_agent_writes import Env as WriteEnv
+    from .test_agent_writes import with_mcp
+
+    d, vid, _ = vault
+    token = d.call("grant.create", {"vault": vid, "scopes": ["retrieve"]})["token"]
+
+    async def go(s: ClientSession) -> tuple[Any, Any, Any]:
+        return (
+            await s.call_tool("memory_retrieve", {"query": GIBBERISH}),
+            await s.call_tool("memory_retrieve", {"query": GIBBERISH, "min_score": -1}),
+            await s.call_tool("memory_retrieve", {"query": GIBBERISH, "min_score": 3}),
+        )
+
+    floor, off, bad = with_mcp(WriteEnv(d, None, d.home.parent, vid, "", "", ""), token, go)  # type: ignore[arg-type]
+    assert not floor.is_error and floor.structured_content["results"] == []
+    assert not off.is_error and len(off.structured_content["results"]) == len(NOTES)
+    assert bad.is_error
