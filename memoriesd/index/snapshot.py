@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..text.segment import Segmentation
-from ..vault import crypto
+from ..vault import crypto, fsio
 from ..vault.format import LEN, Head, canonical, chain_start, fsync_dir, log_name, next_hash
 
 SNAPSHOT_NAME = "lexical-index.bin"
@@ -158,22 +158,23 @@ def write_snapshot(
     header = _header(head, version, [_n_chunks(len(s)) for s in sections])
     path = snapshot_path(vault_dir)
     tmp = path.with_name(f".{path.name}.{crypto.random_bytes(6).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     total = 0
     try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
-            f.write(MAGIC + _U32.pack(len(header)) + header)
+        try:
+            fsio.write_all(fd, MAGIC + _U32.pack(len(header)) + header)
             total += len(MAGIC) + _U32.size + len(header)
             for s_no, data in enumerate(sections):
                 for c_no, chunk in enumerate(_chunks(data)):
                     blob = sealer.seal(bytes(chunk), _aad(vault_id, header, s_no, c_no))
-                    f.write(_U32.pack(len(blob)))
-                    f.write(blob)
+                    fsio.write_all(fd, _U32.pack(len(blob)) + blob)
                     total += _U32.size + len(blob)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            fsio.fsync(fd)
+        finally:
+            fsio.close(fd)
+        fsio.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        fsio.unlink(tmp, missing_ok=True)
         raise
     fsync_dir(Path(vault_dir))
     return total
@@ -260,7 +261,7 @@ def remove_snapshot(vault_dir: Path) -> bool:
     """Delete the vault's snapshot (True when there was one)."""
     path = snapshot_path(vault_dir)
     try:
-        path.unlink()
+        fsio.unlink(path)
     except FileNotFoundError:
         return False
     fsync_dir(Path(vault_dir))

@@ -50,6 +50,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import MemoriesError
+from ..vault import fsio
 from ..vault.format import atomic_write, fsync_dir
 
 log = logging.getLogger("memoriesd.vectors")
@@ -474,19 +475,19 @@ class VectorStore:
             frames, chain = self._frames(entries, state.chunks, state.chain)
             self._state = None  # unknown until the commit is durable
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                fd = fsio.open_fd(self.path, os.O_RDWR | os.O_CLOEXEC)
                 try:
-                    os.ftruncate(fd, state.end)  # drop an uncommitted tail
+                    fsio.ftruncate(fd, state.end)  # drop an uncommitted tail
                     end = state.end
                     for frame in frames:
-                        os.pwrite(fd, frame, end)
+                        fsio.pwrite_all(fd, frame, end)
                         end += len(frame)
-                    os.fsync(fd)
+                    fsio.fsync(fd)
                     new = _State(state.generation + 1, state.chunks + len(frames), end, chain, 1 - state.slot)
-                    os.pwrite(fd, self._commit_bytes(new), len(MAGIC) + new.slot * SLOT_SIZE)
-                    os.fsync(fd)
+                    fsio.pwrite_all(fd, self._commit_bytes(new), len(MAGIC) + new.slot * SLOT_SIZE)
+                    fsio.fsync(fd)
                 finally:
-                    os.close(fd)
+                    fsio.close(fd)
             except OSError as exc:
                 raise self._write_error(exc) from exc
             self._state = new
@@ -542,20 +543,18 @@ class VectorStore:
         tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
         self._state = None
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 os.fchmod(fd, 0o600)
-                view = memoryview(body)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                fsio.write_all(fd, body)
+                fsio.fsync(fd)
             finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+                fsio.close(fd)
+            fsio.replace(tmp, self.path)
             fsync_dir(self.path.parent)
         except OSError as exc:
             try:
-                tmp.unlink()
+                fsio.unlink(tmp)
             except OSError:
                 pass
             raise self._write_error(exc) from exc
@@ -581,7 +580,7 @@ class VectorStore:
     def _discard(self) -> None:
         self._state = None
         try:
-            self.path.unlink()
+            fsio.unlink(self.path)
             fsync_dir(self.path.parent)
         except FileNotFoundError:
             pass

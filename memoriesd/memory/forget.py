@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
+from ..vault import fsio
 from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
@@ -199,7 +200,7 @@ def _remove_unknown_sidecars(store: VaultStore) -> int:
             spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
             for path in list_sidecars(store.dir):
                 if sidecar_opaque_id(path) not in spaces:
-                    path.unlink(missing_ok=True)
+                    fsio.unlink(path, missing_ok=True)
                     removed += 1
     finally:
         sealer.wipe()
@@ -212,7 +213,7 @@ def _remove_preserved(store: VaultStore) -> int:
     removed = 0
     for p in sorted(store.dir.glob(f"{PRESERVED_PREFIX}*")):
         if p.is_file():
-            p.unlink(missing_ok=True)
+            fsio.unlink(p, missing_ok=True)
             removed += 1
     if removed:
         fsync_dir(store.dir)

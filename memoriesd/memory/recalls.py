@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..vault import crypto
+from ..vault import crypto, fsio
 from ..vault.format import atomic_write
 from ..vault.store import VaultStore
 
@@ -128,7 +128,7 @@ class Recalls:
                 plain = json.dumps(counts, separators=(",", ":"), sort_keys=True).encode("ascii")
                 atomic_write(self.path, MAGIC + self._seal().seal(plain, _aad(self.store.vault_id)))
             else:
-                self.path.unlink(missing_ok=True)
+                fsio.unlink(self.path, missing_ok=True)
         except OSError as exc:
             log.warning("vault %s: the recall counters were not written (%s)", self.store.vault_id, exc.strerror)
             return

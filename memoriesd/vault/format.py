@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import VaultCorrupt
-from . import crypto
+from . import crypto, fsio
 
 FORMAT_VERSION = 1
 HEADER_NAME = "header.json"
@@ -70,11 +69,7 @@ def log_name(epoch: int) -> str:
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsio.fsync_dir(path)
 
 
 class DirSyncFailed(OSError):
@@ -108,22 +103,11 @@ def replace_file(path: Path, data: bytes) -> None:
     this returns, ``path`` reads ``data``; when it raises, ``path`` was not replaced.
     """
     tmp = path.with_name(f".{path.name}.{crypto.random_bytes(6).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fsio.write_new(tmp, data)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
+        fsio.replace(tmp, path)
     except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        fsio.unlink(tmp, missing_ok=True)
         raise
 
 

@@ -37,7 +37,7 @@ from ..errors import (
     VaultNotFound,
 )
 from ..home import Home
-from . import crypto
+from . import crypto, fsio
 from .format import HEADER_NAME, atomic_write, read_header
 from .live import LiveVault, locked_error
 from .records import new_record_id
@@ -256,7 +256,7 @@ class VaultManager:
             if n:
                 atomic_write(path, f"{n}\n".encode("ascii"))
             else:
-                path.unlink(missing_ok=True)
+                fsio.unlink(path, missing_ok=True)
         except OSError as exc:
             log.warning("vault %s: cannot record the failed-unlock count (%s)", vault_id, exc.strerror)
 

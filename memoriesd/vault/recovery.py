@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import fsio
 from .format import PRESERVED_PREFIX, atomic_write, fsync_dir
 
 log = logging.getLogger("memoriesd.vault")
@@ -67,7 +68,7 @@ def clean_leftovers(vault_dir: Path, vault_id: str, head_epoch: int) -> None:
         name = p.name
         if name.startswith(".") and name.endswith(".tmp"):
             log.warning("vault %s: removed a temp file of an interrupted write", vault_id)
-            p.unlink(missing_ok=True)
+            fsio.unlink(p, missing_ok=True)
             changed = True
             continue
         m = _LOG_FILE.fullmatch(name)
@@ -76,10 +77,10 @@ def clean_leftovers(vault_dir: Path, vault_id: str, head_epoch: int) -> None:
         epoch = int(m.group(1))
         if epoch < head_epoch:
             log.warning("vault %s: removed the log of epoch %d (replaced by a compaction)", vault_id, epoch)
-            p.unlink(missing_ok=True)
+            fsio.unlink(p, missing_ok=True)
         else:
             target = free_name(vault_dir, f"{PRESERVED_PREFIX}{name}")
-            os.rename(p, target)
+            fsio.replace(p, target)  # target is a free name: a rename
             log.warning(
                 "vault %s: kept a log of epoch %d, newer than the head's (epoch %d), as %s; it was "
                 "not loaded (an interrupted compaction, or an older head.bin put back)",

@@ -12,7 +12,6 @@ the head's) are moved to a ``preserved-*`` file. When the disk fails a write aft
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from typing import Any
 
 from ..bulk import bulk_load, thaw
 from ..errors import BadPassphrase, DiskError, Internal, NotFound, UsageError, VaultCorrupt
-from . import crypto
+from . import crypto, fsio
 from .format import (
     GROUP_END,
     HEAD_NAME,
@@ -62,16 +61,6 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return type(exc).__name__
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        view = view[n:]
-        offset += n
 
 
 @dataclass(frozen=True)
@@ -183,9 +172,7 @@ class VaultStore:
         key = crypto.new_key()
         _wrap_key(header, passphrase, key)
         store = cls(vault_dir, header, key)
-        fd = os.open(vault_dir / log_name(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.fsync(fd)
-        os.close(fd)
+        fsio.write_new(vault_dir / log_name(0), b"")
         store._write_head(store.head)
         atomic_write(vault_dir / HEADER_NAME, header.to_bytes())
         return store
@@ -283,9 +270,7 @@ class VaultStore:
             )
             self.head = new_head
         if kept < len(data):
-            with open(path, "r+b") as f:
-                f.truncate(kept)
-                os.fsync(f.fileno())
+            fsio.truncate_file(path, kept)
 
     def close(self) -> None:
         """Forget the key and every record (lock)."""
@@ -427,12 +412,12 @@ class VaultStore:
         stage = "append"
         fd = -1
         try:
-            fd = os.open(path, os.O_WRONLY)
-            _pwrite_all(fd, data, head.log_bytes)
+            fd = fsio.open_fd(path, os.O_WRONLY)
+            fsio.pwrite_all(fd, data, head.log_bytes)
             stage = "fsync"
-            os.fsync(fd)
+            fsio.fsync(fd)
             stage = "head"
-            os.close(fd)
+            fsio.close(fd)
             fd = -1
             self._write_head(new_head)
             return None
@@ -440,8 +425,8 @@ class VaultStore:
             if stage == "append":
                 try:
                     if fd >= 0:
-                        os.ftruncate(fd, head.log_bytes)
-                        os.fsync(fd)
+                        fsio.ftruncate(fd, head.log_bytes)
+                        fsio.fsync(fd)
                 except OSError as cut:
                     log.warning("vault %s: a failed append could not be cut back (%s)", self.vault_id, _why(cut))
                     return "unknown", self._fail(exc, saved=False)
@@ -464,7 +449,7 @@ class VaultStore:
         finally:
             if fd >= 0:
                 try:
-                    os.close(fd)
+                    fsio.close(fd)
                 except OSError:
                     pass
 
@@ -591,16 +576,22 @@ class VaultStore:
             renamed = False  # set the moment the head naming the new log is in place
             new_head: Head | None = None
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = fsio.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 created = True
-                with os.fdopen(fd, "wb") as f:
+                try:
+                    buf = bytearray()
                     for seq, entry in enumerate(kept):
                         framed = encode_entry(self._records, self.vault_id, epoch, seq, prev, entry)
                         prev = next_hash(prev, framed[4:])
-                        f.write(framed)
+                        buf += framed
                         total += len(framed)
-                    f.flush()
-                    os.fsync(f.fileno())
+                        if len(buf) >= 1 << 20:
+                            fsio.write_all(fd, buf)
+                            buf.clear()
+                    fsio.write_all(fd, buf)
+                    fsio.fsync(fd)
+                finally:
+                    fsio.close(fd)
                 fsync_dir(self.dir)
                 new_head = Head(epoch, len(kept), total, prev)
                 # The head's steps one by one (not atomic_write): whatever fails after the rename,
@@ -621,7 +612,7 @@ class VaultStore:
                 # of entries the old one holds, and this process created it.
                 if created:
                     try:
-                        path.unlink(missing_ok=True)
+                        fsio.unlink(path, missing_ok=True)
                     except OSError:
                         pass  # the next unlock keeps it aside as a preserved-log file
                 if isinstance(exc, OSError):
@@ -632,7 +623,7 @@ class VaultStore:
                 raise
             self._compacted(new_head, new_records)
             try:
-                old.unlink(missing_ok=True)
+                fsio.unlink(old, missing_ok=True)
                 fsync_dir(self.dir)
             except OSError as exc:
                 # The compaction is durable (the head's directory fsync succeeded); the old log is
