@@ -88,6 +88,18 @@ def client_setup(token: str) -> tuple[str, dict[str, Any]]:
     return claude, entry
 
 
+def create_grant(vault: str, scope: str, ttl: str, *, cards_only: bool = False, label: str = "") -> dict[str, Any]:
+    """One `grant.create` request (`grant create` and `mcp install`): the reply holds the token."""
+    params: dict[str, Any] = {
+        "vault": vault,
+        "scopes": parse_scopes(scope),
+        "ttl_seconds": parse_ttl(ttl),
+        "cards_only": cards_only,
+        "label": label,
+    }
+    return dict(call("grant.create", params))
+
+
 def _expiry(expires: float | None) -> str:
     return "never" if expires is None else fmt_time(expires)
 
@@ -120,14 +132,7 @@ def create(
 
     The token comes with the MCP client set-up for it: a `claude mcp add` line and an mcpServers entry.
     """
-    params: dict[str, Any] = {
-        "vault": vault,
-        "scopes": parse_scopes(scope),
-        "ttl_seconds": parse_ttl(ttl),
-        "cards_only": cards_only,
-        "label": label,
-    }
-    out = call("grant.create", params)
+    out = create_grant(vault, scope, ttl, cards_only=cards_only, label=label)
     if STATE.json:
         emit_json({k: out[k] for k in ("grant_id", "token", "vault_id", "scopes", "cards_only", "expires")})
         return
@@ -195,6 +200,7 @@ def revoke(
 
 
 def mcp(
+    ctx: typer.Context,
     grant_file: Annotated[
         Path | None, typer.Option("--grant-file", help=f"Read the grant token from this file (else ${GRANT_ENV}).")
     ] = None,
@@ -209,7 +215,10 @@ def mcp(
     forget and forget-all change it and are given only when named. A grant expires (--ttl, default 24h),
     is revoked with `memories grant revoke`, and works only while its vault is unlocked. The set-up
     names this `memories` by its absolute path, and MEMORIES_HOME when the home is not ~/.memories.
+    `memories mcp install CLIENT VAULT` does all of this for Claude Code, Claude Desktop, Cursor or Codex.
     """
+    if ctx.invoked_subcommand is not None:
+        return  # `mcp install` / `mcp uninstall`
     if grant_file is not None:
         try:
             token = grant_file.read_text("utf-8").strip()
@@ -249,18 +258,22 @@ def inject(
 
 
 def register(app: typer.Typer) -> None:
+    from .mcp_install import register_mcp
+
     app.add_typer(grant_app, name="grant")
-    app.command(
-        "mcp",
+    register_mcp(
+        app,
+        mcp,
         epilog="""Examples:
 
 \b
+  memories mcp install claude-code notes           # grant + Claude Code's config entry in one command
   memories grant create notes --label claude        # prints the token and the lines below
   claude mcp add memories -e MEMORIES_GRANT=mg_... -e MEMORIES_HOME=/srv/mem -- /usr/local/bin/memories mcp
   {"mcpServers": {"memories": {"command": "/usr/local/bin/memories", "args": ["mcp"],
                                "env": {"MEMORIES_GRANT": "mg_...", "MEMORIES_HOME": "/srv/mem"}}}}""",
-    )(mcp)
+    )
     app.command("inject")(inject)
 
 
-__all__ = ["register", "parse_ttl", "parse_scopes", "client_setup"]
+__all__ = ["register", "parse_ttl", "parse_scopes", "client_setup", "create_grant"]

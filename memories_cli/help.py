@@ -28,7 +28,7 @@ from typer.core import TyperCommand, TyperGroup
 from .state import STATE
 
 #: Commands whose output is not ours to shape (`mcp` speaks MCP on stdout): no ``--json`` listed.
-NO_JSON = frozenset({"mcp"})
+NO_JSON = frozenset({"mcp", "completion"})
 
 JSON_HELP = "Machine-readable JSON on stdout (errors as JSON on stderr); also accepted before the command."
 

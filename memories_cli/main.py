@@ -14,7 +14,9 @@ from memoriesd import __version__
 from memoriesd.errors import MemoriesError, UsageError
 
 from . import help as _help
+from .completion import register as _register_completion
 from .conversation_cmds import register as _register_conversations
+from .doctor import register as _register_doctor
 from .extract_cmds import register as _register_extract
 from .grant_cmds import register as _register_grants
 from .memory_cmds import memory_app
@@ -46,6 +48,8 @@ _register_grants(app)
 _register_conversations(app)
 _register_extract(app)
 _register_tidy(app)
+_register_doctor(app)
+_register_completion(app)
 # Usage `VAULT QUERY`, choices shown, whole summaries, --json listed on every command (memories_cli/help.py).
 _help.apply(app)
 
@@ -101,6 +105,10 @@ def _split_json_flag(argv: list[str]) -> list[str]:
 
 
 def run(argv: list[str] | None = None) -> None:
+    from .completion import complete, completing
+
+    if completing():  # the shell asks for completions (`memories completion SHELL`)
+        complete(app)
     args = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     try:
         code = app(args=args, prog_name="memories", standalone_mode=False)
