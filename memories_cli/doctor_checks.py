@@ -174,11 +174,8 @@ def _manifest() -> dict[str, Any] | None:
 def _sha256(path: Path) -> str:
     import hashlib
 
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def check_model(ctx: Context) -> list[Finding]:

@@ -88,6 +88,18 @@ def client_setup(token: str) -> tuple[str, dict[str, Any]]:
     return claude, entry
 
 
+def tell_grant(out: dict[str, Any], lead: str) -> None:
+    """The lines that describe a new grant (stderr): its id, vault, scopes, expiry, and a warning for
+    write scopes."""
+    notice(
+        f"{lead} {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
+        f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
+    )
+    writes = [s for s in out["scopes"] if s in WRITE_SCOPES]
+    if writes:
+        notice(f"This grant may change the vault ({', '.join(writes)}): grant write scopes only to tools you trust.")
+
+
 def create_grant(vault: str, scope: str, ttl: str, *, cards_only: bool = False, label: str = "") -> dict[str, Any]:
     """One `grant.create` request (`grant create` and `mcp install`): the reply holds the token."""
     params: dict[str, Any] = {
@@ -138,13 +150,7 @@ def create(
         return
     token = out["token"]
     claude, entry = client_setup(token)
-    notice(
-        f"Created grant {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
-        f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
-    )
-    writes = [s for s in out["scopes"] if s in WRITE_SCOPES]
-    if writes:
-        notice(f"This grant may change the vault ({', '.join(writes)}): grant write scopes only to tools you trust.")
+    tell_grant(out, "Created grant")
     notice("The token is shown only now. Anyone holding it can use these scopes while the vault is unlocked;")
     notice(f"revoke it with `memories grant revoke {out['grant_id']}`.")
     print(f"token: {token}")

@@ -17,7 +17,7 @@ import typer
 
 from memoriesd.errors import MemoriesError, NotFound, UsageError
 
-from .grant_cmds import DEFAULT_SCOPE, WRITE_SCOPES, client_setup, create_grant
+from .grant_cmds import DEFAULT_SCOPE, client_setup, create_grant, tell_grant
 from .state import STATE, call, cli_command, emit_json, fmt_time, notice
 
 if TYPE_CHECKING:
@@ -144,13 +144,7 @@ def install(
     else:
         verb = "Replaced" if replaced is not None else "Added"
         notice(f"{verb} the server {name} in {path}" + (f" (backup: {backup.name})." if backup else "."))
-        notice(
-            f"Grant {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
-            f"{', cards only' if out['cards_only'] else ''}, expires {_expiry(out['expires'])}."
-        )
-        writes = [s for s in out["scopes"] if s in WRITE_SCOPES]
-        if writes:
-            notice(f"This grant may change the vault ({', '.join(writes)}): grant write scopes only to tools you trust.")
+        tell_grant(out, "Grant")
         if readable_by_others(path):
             notice(f"{path} is readable by other users and now holds a grant token: run `chmod 600 {path}`.")
         notice(f"Restart {c.title} to connect it; the vault must be unlocked while it is used.")

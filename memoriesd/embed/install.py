@@ -202,11 +202,8 @@ def load_manifest(path: Path) -> Manifest:
 
 
 def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _matches(path: Path, f: ManifestFile) -> bool | None:
