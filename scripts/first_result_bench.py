@@ -19,7 +19,14 @@ they share the machine's load:
   whole and decoded to float32 before the index converts it, as before streaming);
 - ``baseline`` (with ``--baseline-tree``): the daemon of another source tree, e.g. the last commit
   before a change (``git archive HEAD | tar -x -C /tmp/base``); its copy of the vault first gets
-  a lexical snapshot of that tree's own format (the current one would be stale for it).
+  a lexical snapshot of that tree's own format (the current one would be stale for it) and, when
+  that tree predates version-2 sidecars (int8 rows), its vector sidecar rewritten as version 1
+  (float32 rows, as that tree wrote it). After the cycles, ``upgrade``: this tree's daemon on that
+  version-1 copy, unlock -> first vector result, which reads the float32 rows and rewrites the file
+  once as version 2.
+
+``sealed_bytes_per_fragment``: the vector sidecar's and the whole vault directory's bytes on disk
+divided by the fragments (``baseline_...``: the same for the baseline's copy, version-1 sidecar).
 """
 
 from __future__ import annotations
@@ -198,12 +205,71 @@ def _prepare_baseline(tree: Path, home: Path, log: Callable[[str], None]) -> Dae
     """A daemon of ``tree`` on ``home`` whose lexical snapshot is in that tree's own format."""
     d = Daemon(tree, home)
     marks = d.log_text().count("lexical snapshot written")
+    restores = len(_RESTORED.findall(d.log_text()))
     d.call("vault.unlock", {"vault": d.vid, "passphrase": PASSPHRASE})
     _search(d, "bm25")
-    log("first_result: baseline tree writes its own lexical snapshot")
-    _wait_for(lambda: d.log_text().count("lexical snapshot written") > marks, "the baseline's lexical snapshot")
+    if len(_RESTORED.findall(d.log_text())) == restores:  # that tree's snapshot format differs: it writes its own
+        log("first_result: baseline tree writes its own lexical snapshot")
+        _wait_for(lambda: d.log_text().count("lexical snapshot written") > marks, "the baseline's lexical snapshot")
     d.call("vault.lock", {"vault": d.vid})
     return d
+
+
+def _as_version_1(home: Path) -> bool:
+    """Rewrite the (locked) vault's vector sidecar as a version-1 file (float32 rows), as a tree from
+    before version-2 sidecars wrote it. False when the vault has no version-2 sidecar."""
+    from memoriesd.index.vector_store import MAGIC, VectorStore, read_spaces, sidecar_opaque_id
+    from memoriesd.vault import crypto
+    from memoriesd.vault.store import VaultStore
+
+    [vdir] = [p for p in (home / "vaults").iterdir() if p.is_dir()]
+    sidecars = [p for p in vdir.glob("vectors-*.bin") if p.read_bytes()[:8] == MAGIC]
+    if not sidecars:
+        return False
+    store = VaultStore.open(vdir, passphrase=PASSPHRASE.encode())
+    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    try:
+        spaces = read_spaces(vdir, vault_id=store.vault_id, open_=sealer.open)
+        for path in sidecars:
+            entry = spaces[sidecar_opaque_id(path)]
+            side = VectorStore(path, vault_id=store.vault_id, identity=str(entry["identity"]),
+                               dims=int(str(entry["dims"])), seal=sealer.seal, open_=sealer.open)
+            side._rewrite(side.load(), "float32", version=1)
+    finally:
+        sealer.wipe()
+        store.close()
+    return True
+
+
+def _disk(home: Path, fragments: int) -> dict[str, float]:
+    """Sealed bytes on disk per fragment: the vector sidecar(s) and the whole vault directory."""
+    [vdir] = [p for p in (home / "vaults").iterdir() if p.is_dir()]
+    side = sum(p.stat().st_size for p in vdir.glob("vectors-*.bin"))
+    total = sum(p.stat().st_size for p in vdir.iterdir() if p.is_file())
+    return {"vector_sidecar": round(side / fragments, 1), "vault_dir": round(total / fragments, 1),
+            "vector_sidecar_mib": round(side / 2**20, 1)}
+
+
+def _upgrade(home: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """This tree's daemon on a vault with a version-1 sidecar: the first vector result after unlock
+    (which also rewrites the sidecar as version 2), then the next unlock's."""
+    (home / "run" / "memoriesd.sock").unlink(missing_ok=True)
+    d = Daemon(REPO, home)
+    try:
+        log("first_result: upgrade of a version-1 sidecar by this tree")
+        out: dict[str, Any] = {}
+        for label in ("first_unlock", "next_unlock"):
+            d.call("vault.unlock", {"vault": d.vid, "passphrase": PASSPHRASE})
+            s, r = _search(d, "vector")
+            assert r["results"] and not r["missing_vectors"], "the upgraded sidecar lost vectors"
+            out[f"{label}_first_vector_seconds"] = round(s, 3)
+            out[f"{label}_first_vector_cpu_seconds"] = round(d.last_cpu, 2)
+            d.call("vault.lock", {"vault": d.vid})
+        out["rss_peak_mib"] = d.hwm_mib()
+        out["rewritten"] = "rewritten in int8" in d.log_text()
+        return out
+    finally:
+        d.close()
 
 
 def first_result_bench(
@@ -217,9 +283,12 @@ def first_result_bench(
         out.update(_build(work / "h", svc, docs, size, log))
         homes = {"current": work / "h", "whole_file_vectors": work / "h-whole"}
         shutil.copytree(work / "h", homes["whole_file_vectors"], symlinks=True)
+        base_v1 = False
         if baseline_tree is not None:
             homes["baseline"] = work / "h-base"
             shutil.copytree(work / "h", homes["baseline"], symlinks=True)
+            if not (baseline_tree / "memoriesd" / "index" / "vector_chunks.py").exists():
+                base_v1 = _as_version_1(homes["baseline"])  # what that tree writes and reads
         for home in homes.values():
             (home / "run" / "memoriesd.sock").unlink(missing_ok=True)
         daemons["current"] = Daemon(REPO, homes["current"])
@@ -239,6 +308,12 @@ def first_result_bench(
             out[name] = {k: round(statistics.median(x[k] for x in rs), 3) for k in keys}
             out[name]["rss_peak_after_first_cycle_mib"] = hwm[name]
             out[name]["runs"] = rs
+        out["sealed_bytes_per_fragment"] = _disk(homes["current"], out["fragments"])
+        if baseline_tree is not None:
+            out["baseline_sealed_bytes_per_fragment"] = _disk(homes["baseline"], out["fragments"])
+            if base_v1:
+                daemons.pop("baseline").close()
+                out["upgrade"] = _upgrade(homes["baseline"], log)
         cur = out["current"]
         for other in ("whole_file_vectors", "baseline"):
             if other in out:

@@ -209,11 +209,16 @@ def add_sidecars(work: Path, files: dict[str, bytes], vault_id: str, seed: str, 
         keys = sorted({k for k, _ in live_fragment_keys(s)})
         vecs = {k: [float(i + 1), (i % 4) / 4, -0.5, 0.25] for i, k in enumerate(keys)}
         store = VectorStore(sidecar_path(s.dir, sidecar_id(s.key, IDENTITY)), vault_id=s.vault_id, identity=IDENTITY,
-                            dims=DIMS, seal=sealer.seal, open_=sealer.open)
+                            dims=DIMS, seal=sealer.seal, open_=sealer.open, encoding="int8")  # the default precision
         half = len(keys) // 2
         store.rewrite({k: np.array(vecs[k], dtype=np.float32) for k in keys[:half]})
         store.append({k: np.array(vecs[k], dtype=np.float32) for k in keys[half:]})
         _SIDECAR_COUNTS[hashlib.sha256(store.path.read_bytes()).hexdigest()] = [half, len(keys) - half]
+        # The same vectors as a version-1 sidecar (float32 rows, v1 AADs), as older versions wrote it.
+        old = VectorStore(work / f"v1-{s.vault_id}.bin", vault_id=s.vault_id, identity=IDENTITY, dims=DIMS,
+                          seal=sealer.seal, open_=sealer.open)
+        old._rewrite({k: np.array(vecs[k], dtype=np.float32) for k in keys}, "float32", version=1)
+        V1_SIDECARS[s.vault_id] = old.path.read_bytes()
         write_spaces(s.dir, {sidecar_id(s.key, IDENTITY): {"identity": IDENTITY, "dims": DIMS, "used": T0}},
                      vault_id=s.vault_id, seal=sealer.seal)
         sealer.wipe()
@@ -225,6 +230,9 @@ def add_sidecars(work: Path, files: dict[str, bytes], vault_id: str, seed: str, 
             r.close()
 
     return continue_vault(work, files, vault_id, seed, fn)
+
+
+V1_SIDECARS: dict[str, bytes] = {}
 
 
 def add_snapshot(work: Path, files: dict[str, bytes], vault_id: str, seed: str) -> tuple[bytes, int]:

@@ -51,6 +51,7 @@ from format_vectors_lib import (  # noqa: E402 - replaces os.urandom in this pro
     PASSPHRASE,
     REPO,
     T0,
+    V1_SIDECARS,
     VAULT_A,
     VAULT_B,
     Built,
@@ -462,8 +463,12 @@ def _sidecar_cases(full: dict[str, bytes], b_full: dict[str, bytes], key: bytes,
           False, n_all, True)
     vcase("spaces-of-other-vault", "vault B's vector-spaces.bin", {spaces_name: b_full[spaces_name]}, False, n_all, True)
     vcase("vectors-empty", "the vector sidecar is empty: discarded", {vec_name: b""}, True, 0, False)
-    vcase("vectors-magic-changed", 'sidecar magic "MEMVEC\\0\\2": discarded', {vec_name: vec[:7] + b"\x02" + vec[8:]},
-          True, 0, False)
+    vcase("vectors-magic-changed", 'sidecar magic "MEMVEC\\0\\3" (an unknown version): discarded',
+          {vec_name: vec[:7] + b"\x03" + vec[8:]}, True, 0, False)
+    vcase("vectors-read-as-version-1", 'a version-2 sidecar with magic "MEMVEC\\0\\1" (the version is in every AAD): '
+          "discarded", {vec_name: vec[:7] + b"\x01" + vec[8:]}, True, 0, False)
+    vcase("vectors-version-1", "a version-1 sidecar (float32 rows, v1 AADs): read (the daemon rewrites it as version 2)",
+          {vec_name: V1_SIDECARS[VAULT_A]}, True, n_all, True)
     vcase("vectors-cut-in-slots", "the sidecar cut inside its commit slots: discarded", {vec_name: vec[:300]}, True, 0, False)
     vcase("vectors-cut-after-first-chunk", "the sidecar cut after its first chunk (the newest commit covers two): discarded",
           {vec_name: vec[: h + first[0][1]]}, True, 0, False)

@@ -273,6 +273,26 @@ class SnapshotKeeper:
                     out[fid] = keys[pos * step : (pos + 1) * step]
         return out
 
+    def content_key_runs(self, vault_index: Any) -> tuple[list[int], str]:
+        """The bulk form of :meth:`content_keys_of` for a first load: every live fragment whose key
+        this keeper knows (in document order) and their keys joined, :data:`CONTENT_KEY_HEX`
+        characters each; no per-fragment lookup."""
+        bm25 = vault_index.bm25
+        fids: list[int] = []
+        parts: list[str] = []
+        if bm25 is None or not self._ckeys:
+            return fids, ""
+        step = CONTENT_KEY_HEX
+        for rid, doc in vault_index.docs.items():
+            entry = self._ckeys.get(rid)
+            if entry is None or entry[0] != doc.revision or len(entry[1]) != step * len(doc.fragments):
+                continue
+            ids = bm25.frag_ids(rid)
+            if len(ids) == len(doc.fragments):
+                fids.extend(ids)
+                parts.append(entry[1])
+        return fids, "".join(parts)
+
     def _content_keys(self, docs: list[tuple[IndexedDoc, int]]) -> list[str]:
         """The content keys of every exported document's fragments (known ones reused), for the
         snapshot; computing one costs what the first vector search after unlock would pay."""

@@ -8,8 +8,12 @@ callables bound to the vault key. The file holds nothing in plaintext but an
 
     MAGIC (8) | slot 0 (256) | slot 1 (256) | { u32 length | sealed chunk }*
 
-A chunk is many ``(key, vector)`` entries sealed with aad = vault id + model
-identity + dims + chunk number. Appends add chunks at the end, fsync, then write
+A chunk is many ``(key, row)`` entries sealed with aad = format version + vault id +
+model identity + dims + chunk number; its rows are in an encoding
+(:mod:`~memoriesd.index.vector_chunks`): the daemon writes them in the precision its index holds
+(int8 codes and a scale per row by default), so unlock copies them in as they are. Version-1 files
+(float32 rows only) are read, and :meth:`VectorStore.repack` rewrites them (or rows written at a
+wider precision, or a file of many small appended chunks) once, a chunk at a time. Appends add chunks at the end, fsync, then write
 a sealed commit record (generation, chunk count, end offset, hash chain over the
 chunks) into the slot the previous commit did not use, and fsync again: a crash
 mid-append leaves the previous commit valid (the uncommitted tail is dropped), a
@@ -18,26 +22,20 @@ keyed hash of exactly what the model reads (:func:`content_key`: title or none, 
 identity is in the aad, so even an old copy of the file can only hold correct vectors, and two
 fragments with the same input (an edit that moved a paragraph, a passage in two notes) share one
 entry. ``rewrite`` compacts into a new file (O_EXCL 0600, fsync, rename, fsync dir); ``retain``
-rewrites it with only the entries of live fragments (``vault compact``); ``scan`` hands the
-entries over a chunk at a time (unlock's load, without a float32 copy of the file). Files written before
-content keys hold :func:`entry_key` keys (fingerprint + title hash); the caller re-keys them once
-(``rename``) without re-embedding.
+rewrites it with only the entries of live fragments (``vault compact``, ``memory forget``), never
+widening rows; ``scan_chunks`` hands the entries over a chunk at a time as stored (unlock's load).
+Files written before content keys hold :func:`entry_key` keys (fingerprint + title hash); the
+caller re-keys them once (``rename``) without re-embedding.
 
-A sidecar cannot be opened without its model identity and dimensions (they are in the
-aad), and its name is a keyed hash of the identity. So the vault directory also holds
-``vector-spaces.bin``: one sealed record (aad = vault id) listing, per sidecar id, the
-identity, dimensions and last use. It lets compaction filter the sidecars of every
-model the vault used, and status count sealed vectors before the model is loaded.
+File names and the space list (``vector-spaces.bin``: the identity and dimensions needed to open
+each sidecar) are in :mod:`~memoriesd.index.vector_names`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
-import json
 import logging
 import os
-import re
 import secrets
 import struct
 import threading
@@ -51,121 +49,35 @@ import numpy as np
 
 from ..errors import MemoriesError
 from ..vault import fsio
-from ..vault.format import atomic_write, fsync_dir
+from ..vault.format import fsync_dir
+from .vector_chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
+from .vector_names import (  # noqa: F401 - re-exported: their home before vector_names.py
+    CONTENT_KEY_HEX,
+    SPACES_NAME,
+    content_key,
+    entry_key,
+    is_legacy_key,
+    list_sidecars,
+    read_spaces,
+    rekeyed,
+    sidecar_opaque_id,
+    sidecar_path,
+    write_spaces,
+)
 
 log = logging.getLogger("memoriesd.vectors")
 
-MAGIC = b"MEMVEC\x00\x01"
+MAGIC = b"MEMVEC\x00\x02"  # version 2: each chunk names its rows' encoding (vector_chunks.py)
+MAGIC_V1 = b"MEMVEC\x00\x01"  # version 1: float32 rows only; read, and rewritten as version 2
 SLOT_SIZE = 256
 HEADER_SIZE = len(MAGIC) + 2 * SLOT_SIZE
 CHUNK_ENTRIES = 2048
 _COMMIT = struct.Struct(">QQQ32s")  # generation, chunks, end offset, chain
 _FRAME = struct.Struct(">I")
-_OPAQUE_ID = re.compile(r"[A-Za-z0-9_-]{8,128}")
+_THREAD_HASH_BYTES = 256 * 1024  # chunks at least this large are hashed on another thread
 
 Seal = Callable[[bytes, bytes], bytes]
 Open = Callable[[bytes, bytes], bytes]
-
-
-#: Hex characters of a content key (128 bits).
-CONTENT_KEY_HEX = 32
-_CONTENT_LABEL = b"memories/v2/vector-input\0"
-
-
-def content_key(key: bytes | bytearray, title: str | None, text: str) -> str:
-    """Key of a vector: HMAC-SHA256 under ``key`` (the vault's fingerprint subkey) over exactly what
-    the embedder reads, ``(title or None, text)``, each part length-prefixed (no two inputs share an
-    encoding). Identical model input gives the identical key, whatever the record or byte offsets:
-    an edit re-embeds only the fragments whose input changed."""
-    parts = [_CONTENT_LABEL]
-    if title is None:
-        parts.append(b"\0")
-    else:
-        raw = title.encode("utf-8")
-        parts.append(b"\1" + struct.pack(">Q", len(raw)) + raw)
-    data = text.encode("utf-8")
-    parts.append(struct.pack(">Q", len(data)) + data)
-    return hmac.digest(key, b"".join(parts), "sha256").hex()[:CONTENT_KEY_HEX]
-
-
-def entry_key(fingerprint: str, title: str | None) -> str:
-    """The key of sidecars written before content keys: fragment fingerprint (byte offsets +
-    bytes) plus a hash of the record's title. Only used to re-key such files (see
-    :func:`is_legacy_key`)."""
-    digest = hashlib.sha256(b"memories/v1/vector-title\0" + (title or "").encode("utf-8")).hexdigest()
-    return f"{fingerprint}.{digest[:32]}"
-
-
-def is_legacy_key(key: str) -> bool:
-    """Whether ``key`` is an :func:`entry_key` (old scheme), not a :func:`content_key`."""
-    return "." in key
-
-
-def sidecar_path(vault_dir: Path, opaque_id: str) -> Path:
-    """``vault_dir/vectors-<opaque_id>.bin``; the id must be a keyed hash the caller computed."""
-    if not _OPAQUE_ID.fullmatch(opaque_id):
-        raise ValueError("opaque_id must be 8-128 characters of [A-Za-z0-9_-]")
-    return Path(vault_dir) / f"vectors-{opaque_id}.bin"
-
-
-def list_sidecars(vault_dir: Path) -> list[Path]:
-    """Every vector sidecar in a vault directory (to remove those of models no longer used)."""
-    return sorted(p for p in Path(vault_dir).glob("vectors-*.bin") if p.is_file())
-
-
-def sidecar_opaque_id(path: Path) -> str:
-    """The opaque id in a sidecar's file name (inverse of :func:`sidecar_path`)."""
-    return Path(path).name[len("vectors-") : -len(".bin")]
-
-
-# -- the list of vector spaces (identity and dimensions of each sidecar) ---------------------
-
-SPACES_NAME = "vector-spaces.bin"
-_SPACES_MAGIC = b"MEMVSP\x00\x01"
-
-
-def _spaces_aad(vault_id: str) -> bytes:
-    return b"memories/v1/vector-spaces\0" + vault_id.encode("utf-8")
-
-
-def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dict[str, object]]:
-    """``{opaque id: {"identity", "dims", "used"}}`` from ``vector-spaces.bin``; {} when it is
-    missing or unreadable (derived data: never raises)."""
-    path = Path(vault_dir) / SPACES_NAME
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return {}
-    try:
-        if data[: len(_SPACES_MAGIC)] != _SPACES_MAGIC:
-            raise _Damage("not a vector space list of this version")
-        doc = json.loads(open_(data[len(_SPACES_MAGIC) :], _spaces_aad(vault_id)))
-        out: dict[str, dict[str, object]] = {}
-        for oid, entry in dict(doc["spaces"]).items():
-            if _OPAQUE_ID.fullmatch(str(oid)) and isinstance(entry.get("identity"), str) and int(entry["dims"]) > 0:
-                out[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
-        return out
-    except Exception as exc:
-        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, _damage_reason(exc))
-        return {}
-
-
-def write_spaces(vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal) -> None:
-    """Replace ``vector-spaces.bin`` atomically (temp file 0600, fsync, rename, fsync dir)."""
-    plain = json.dumps({"spaces": {k: dict(v) for k, v in spaces.items()}}, sort_keys=True).encode("utf-8")
-    atomic_write(Path(vault_dir) / SPACES_NAME, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
-
-
-def rekeyed(entries: Mapping[str, np.ndarray], rename: Mapping[str, str]) -> dict[str, np.ndarray]:
-    """``entries`` with old-scheme keys replaced as ``rename`` says (an entry already under the new
-    key wins); old-scheme keys ``rename`` does not know are dropped (no live fragment has them)."""
-    out = {k: v for k, v in entries.items() if not is_legacy_key(k)}
-    for k, v in entries.items():
-        if is_legacy_key(k):
-            new = rename.get(k)
-            if new is not None and new not in out:
-                out[new] = v
-    return out
 
 
 class _Damage(Exception):
@@ -192,6 +104,7 @@ class _State:
     end: int
     chain: bytes
     slot: int  # the slot holding the current commit
+    version: int = 2  # the file's format version (MAGIC_V1: 1)
 
 
 def _chain(prev: bytes, blob: bytes) -> bytes:
@@ -202,95 +115,109 @@ def _digest(blob: bytes) -> bytes:
     return hashlib.sha256(blob).digest()
 
 
+class _Repacking:
+    """:meth:`VectorStore.repack`'s output: entries re-encoded and sealed into ``fd`` a chunk at a time."""
+
+    def __init__(self, store: VectorStore, fd: int) -> None:
+        self.store = store
+        self.fd = fd
+        self.keys: list[str] = []
+        self.rows: list[np.ndarray] = []
+        self.chunks = 0
+        self.end = HEADER_SIZE
+        self.chain = b""
+        self.entries = 0
+
+    def take(self, chunk: Chunk) -> None:
+        self.keys.extend(chunk.keys)
+        self.rows.append(chunk.decoded())
+        if len(self.keys) >= CHUNK_ENTRIES:
+            self._emit()
+
+    def _emit(self) -> None:
+        if not self.keys:
+            return
+        st = self.store
+        plain = encode_chunk(self.keys, np.concatenate(self.rows), st.encoding)
+        blob = st._seal(plain, st._chunk_aad(self.chunks))
+        self.chain = _chain(self.chain, blob)
+        fsio.write_all(self.fd, _FRAME.pack(len(blob)) + blob)
+        self.end += _FRAME.size + len(blob)
+        self.chunks += 1
+        self.entries += len(self.keys)
+        self.keys, self.rows = [], []
+
+    def finish(self) -> _State:
+        """Write the last chunk and the commit (slot 0), fsync; the file's state."""
+        self._emit()
+        state = _State(1, self.chunks, self.end, self.chain, 0, 2)
+        fsio.pwrite_all(self.fd, self.store._commit_bytes(state), len(MAGIC))
+        fsio.fsync(self.fd)
+        return state
+
+
 class VectorStore:
     """The sealed vector sidecar of one vault and one model identity."""
 
-    def __init__(self, path: Path, *, vault_id: str, identity: str, dims: int, seal: Seal, open_: Open) -> None:
+    def __init__(
+        self, path: Path, *, vault_id: str, identity: str, dims: int, seal: Seal, open_: Open, encoding: str = "float32",
+    ) -> None:
+        """``encoding``: how appended rows are written (``vector_chunks.ENCODINGS``: the index's
+        precision); a rewrite keeps rows at most as wide as the file had them (never widens)."""
         if dims <= 0:
             raise ValueError("dims must be positive")
+        narrowest(encoding, encoding)  # validates the name
         self.path = Path(path)
         self.dims = dims
+        self.encoding = encoding
         self._seal = seal
         self._open = open_
         vid, ident = vault_id.encode(), identity.encode()
-        self._aad = (
-            b"memories/v1/vectors\0"
-            + struct.pack(">H", len(vid)) + vid
-            + struct.pack(">H", len(ident)) + ident
-            + struct.pack(">I", dims)
-        )
+        tail = struct.pack(">H", len(vid)) + vid + struct.pack(">H", len(ident)) + ident + struct.pack(">I", dims)
+        # The version is in every AAD: a chunk or commit cannot be read as the other version's.
+        self._aads = {1: b"memories/v1/vectors\0" + tail, 2: b"memories/v2/vectors\0" + tail}
         self._state: _State | None = None
         self._lock = threading.Lock()
+        #: After a read: the narrowest encoding of its chunks, and whether some are wider than
+        #: ``encoding`` (or the file is version 1): :meth:`repack` then rewrites it.
+        self.file_encoding = encoding
+        self.needs_narrowing = False
+        self._read_entries = 0  # entries the last read saw (with its chunk count: is it fragmented?)
+        self._read_chunks = 0
 
     # -- format ------------------------------------------------------------------------------
 
-    def _chunk_aad(self, number: int) -> bytes:
-        return self._aad + b"chunk" + struct.pack(">Q", number)
+    def _chunk_aad(self, number: int, version: int = 2) -> bytes:
+        return self._aads[version] + b"chunk" + struct.pack(">Q", number)
 
-    def _slot_aad(self, slot: int) -> bytes:
-        return self._aad + b"commit" + bytes([slot])
+    def _slot_aad(self, slot: int, version: int = 2) -> bytes:
+        return self._aads[version] + b"commit" + bytes([slot])
 
-    def _encode_chunk(self, items: list[tuple[str, np.ndarray]]) -> bytes:
-        parts = [struct.pack(">I", len(items))]
-        for key, _ in items:
-            raw = key.encode("utf-8")
-            if len(raw) > 0xFFFF:
-                raise ValueError("vector entry key is too long")
-            parts.append(struct.pack(">H", len(raw)) + raw)
-        matrix = np.stack([v for _, v in items]).astype("<f4", copy=False)
-        parts.append(matrix.tobytes())
-        return b"".join(parts)
+    def _chunk(self, data: bytes, version: int) -> Chunk:
+        try:
+            chunk = parse_chunk(data, self.dims, version)
+        except ChunkDamage as exc:
+            raise _Damage(str(exc)) from exc
+        self.file_encoding = narrowest(self.file_encoding, chunk.encoding)
+        self._read_entries += len(chunk)
+        self._read_chunks += 1
+        if version == 1 or narrowest(chunk.encoding, self.encoding) != chunk.encoding:
+            self.needs_narrowing = True
+        return chunk
 
-    def _chunk_rows(self, data: bytes) -> tuple[list[str], np.ndarray]:
-        """A chunk's keys and its (count, dims) little-endian float32 rows, a read-only view of ``data``."""
-        if len(data) < 4:
-            raise _Damage("a chunk is too short")
-        (count,) = struct.unpack_from(">I", data, 0)
-        keys = self._content_keys(data, count)
-        if keys is not None:  # all of them content keys (32 hex characters): sliced from one string
-            pos = 4 + count * (2 + CONTENT_KEY_HEX)
-            if len(data) - pos != count * self.dims * 4:
-                raise _Damage("a chunk's vectors do not match its entries")
-            return keys, np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims)
-        pos = 4
-        keys = []
-        for _ in range(count):
-            if pos + 2 > len(data):
-                raise _Damage("a chunk's keys are cut short")
-            (n,) = struct.unpack_from(">H", data, pos)
-            keys.append(data[pos + 2 : pos + 2 + n].decode("utf-8"))
-            pos += 2 + n
-        if len(data) - pos != count * self.dims * 4:
-            raise _Damage("a chunk's vectors do not match its entries")
-        return keys, np.frombuffer(data, dtype="<f4", offset=pos).reshape(count, self.dims)
-
-    @staticmethod
-    def _content_keys(data: bytes, count: int) -> list[str] | None:
-        """The chunk's keys when every one is a :data:`CONTENT_KEY_HEX`-character ASCII key (what
-        this version writes), without one ``struct`` call per key; None otherwise."""
-        width = 2 + CONTENT_KEY_HEX
-        if not count or len(data) < 4 + count * width:
-            return None
-        block = np.frombuffer(data, dtype=np.uint8, count=count * width, offset=4).reshape(count, width)
-        if not ((block[:, 0] == 0).all() and (block[:, 1] == CONTENT_KEY_HEX).all() and (block[:, 2:] < 128).all()):
-            return None
-        text = data[4 : 4 + count * width].decode("ascii")
-        return [text[i + 2 : i + width] for i in range(0, count * width, width)]
-
-    def _decode_chunk(self, data: bytes, into: dict[str, np.ndarray]) -> None:
-        keys, rows = self._chunk_rows(data)
-        matrix = rows.astype(np.float32)
-        for key, row in zip(keys, matrix, strict=True):
+    def _decode_chunk(self, data: bytes, into: dict[str, np.ndarray], version: int = 2) -> None:
+        chunk = self._chunk(data, version)
+        for key, row in zip(chunk.keys, chunk.decoded(), strict=True):
             into[key] = row
 
     def _commit_bytes(self, state: _State) -> bytes:
         plain = _COMMIT.pack(state.generation, state.chunks, state.end, state.chain)
-        blob = self._seal(plain, self._slot_aad(state.slot))
+        blob = self._seal(plain, self._slot_aad(state.slot, state.version))
         if len(blob) + 2 > SLOT_SIZE:
             raise ValueError("the seal function's overhead does not fit a commit slot")
         return (struct.pack(">H", len(blob)) + blob).ljust(SLOT_SIZE, b"\0")
 
-    def _read_commit(self, data: bytes) -> _State:
+    def _read_commit(self, data: bytes, version: int) -> _State:
         best: _State | None = None
         for slot in (0, 1):
             start = len(MAGIC) + slot * SLOT_SIZE
@@ -298,20 +225,27 @@ class VectorStore:
             if n == 0 or n > SLOT_SIZE - 2:
                 continue
             try:
-                plain = self._open(data[start + 2 : start + 2 + n], self._slot_aad(slot))
+                plain = self._open(data[start + 2 : start + 2 + n], self._slot_aad(slot, version))
                 gen, chunks, end, chain = _COMMIT.unpack(plain)
             except Exception:
                 continue  # a torn or foreign slot: the other one may still be good
             if best is None or gen > best.generation:
-                best = _State(gen, chunks, end, chain, slot)
+                best = _State(gen, chunks, end, chain, slot, version)
         if best is None:
             raise _Damage("no valid commit record (another vault or model, or damage)")
         return best
 
-    def _parse(self, data: bytes) -> tuple[_State, dict[str, np.ndarray]]:
-        if len(data) < HEADER_SIZE or data[: len(MAGIC)] != MAGIC:
+    def _version(self, head: bytes) -> int:
+        magic = head[: len(MAGIC)]
+        if len(head) < HEADER_SIZE or magic not in (MAGIC, MAGIC_V1):
             raise _Damage("not a vector sidecar of this version")
-        state = self._read_commit(data)
+        self.file_encoding = self.encoding
+        self.needs_narrowing = False
+        self._read_entries = self._read_chunks = 0
+        return 2 if magic == MAGIC else 1
+
+    def _parse(self, data: bytes) -> tuple[_State, dict[str, np.ndarray]]:
+        state = self._read_commit(data, self._version(data))
         if state.end > len(data):
             raise _Damage("the file is truncated")
         entries: dict[str, np.ndarray] = {}
@@ -324,11 +258,11 @@ class VectorStore:
             if pos + 4 + n > state.end:
                 raise _Damage("a chunk runs past the committed end")
             try:
-                plain = self._open(blob, self._chunk_aad(number))
+                plain = self._open(blob, self._chunk_aad(number, state.version))
             except Exception as exc:
                 raise _Damage(f"chunk {number} fails authentication") from exc
             chain = _chain(chain, blob)
-            self._decode_chunk(plain, entries)
+            self._decode_chunk(plain, entries, state.version)
             pos += 4 + n
         if pos != state.end or chain != state.chain:
             raise _Damage("the chunks do not match the commit record")
@@ -336,11 +270,15 @@ class VectorStore:
             log.info("vector cache %s: dropping an uncommitted tail of %d bytes", self.path.name, len(data) - state.end)
         return state, entries
 
-    def _frames(self, entries: Mapping[str, np.ndarray], first: int, chain: bytes) -> tuple[list[bytes], bytes]:
+    def _frames(
+        self, entries: Mapping[str, np.ndarray], first: int, chain: bytes, encoding: str, version: int = 2
+    ) -> tuple[list[bytes], bytes]:
         items = [(k, self._vector(v)) for k, v in entries.items()]
         frames: list[bytes] = []
         for i in range(0, len(items), CHUNK_ENTRIES):
-            blob = self._seal(self._encode_chunk(items[i : i + CHUNK_ENTRIES]), self._chunk_aad(first + len(frames)))
+            part = items[i : i + CHUNK_ENTRIES]
+            plain = encode_chunk([k for k, _ in part], np.stack([v for _, v in part]), encoding, version=version)
+            blob = self._seal(plain, self._chunk_aad(first + len(frames), version))
             chain = _chain(chain, blob)
             frames.append(_FRAME.pack(len(blob)) + blob)
         return frames, chain
@@ -369,10 +307,15 @@ class VectorStore:
             return entries
 
     def scan(self, take: Callable[[list[str], np.ndarray], None]) -> bool | None:
-        """Every stored vector, a chunk at a time: ``take(keys, rows)`` per chunk in file order
-        (``rows``: a read-only (n, dims) float32 view, valid during the call; a later duplicate key
-        wins, as in :meth:`load`). The file is read a frame at a time, so memory holds one chunk,
-        never the whole file or a float32 copy of every row.
+        """:meth:`scan_chunks` with ``take(keys, rows)``: each chunk's keys and its float32 rows (a
+        read-only view of float32 chunks; int8 and float16 rows decoded, with unit length)."""
+        return self.scan_chunks(lambda c: take(c.keys, c.rows if c.encoding == "float32" else c.decoded()))
+
+    def scan_chunks(self, take: Callable[[Chunk], None]) -> bool | None:
+        """Every stored vector, a chunk at a time: ``take(chunk)`` per chunk in file order
+        (:class:`~.vector_chunks.Chunk`: its keys and its rows as stored, read-only views; a later
+        duplicate key wins, as in :meth:`load`). The file is read a frame at a time, so memory
+        holds one chunk, never the whole file or a float32 copy of every row.
 
         Returns True once every chunk was read and the commit record verified; None when there is
         no file; False when it cannot be read, or is damaged, truncated or foreign (then it is
@@ -406,25 +349,24 @@ class VectorStore:
             self._state = state
             return True
 
-    def _scan(self, f: BinaryIO, take: Callable[[list[str], np.ndarray], None]) -> _State:
+    def _scan(self, f: BinaryIO, take: Callable[[Chunk], None]) -> _State:
         head = f.read(HEADER_SIZE)
-        if len(head) < HEADER_SIZE or head[: len(MAGIC)] != MAGIC:
-            raise _Damage("not a vector sidecar of this version")
-        state = self._read_commit(head)
+        state = self._read_commit(head, self._version(head))
         size = os.fstat(f.fileno()).st_size
         if state.end > size:
             raise _Damage("the file is truncated")
         pos = HEADER_SIZE
-        # The commit's hash chain is over every chunk's SHA-256: those are computed on another
-        # thread (hashlib releases the GIL) while this one decrypts and hands chunks over.
+        # The commit's hash chain is over every chunk's SHA-256: those of large chunks are computed
+        # on another thread (hashlib releases the GIL) while this one decrypts and hands chunks
+        # over; small ones here (handing each to a thread costs more than hashing it).
         hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memoriesd-vechash")
-        digests: list[Future[bytes]] = []
+        digests: list[Future[bytes] | bytes] = []
         try:
             for number in range(state.chunks):
                 pos = self._scan_chunk(f, take, number, pos, state, hashing, digests)
             chain = b""
             for d in digests:
-                chain = hashlib.sha256(chain + d.result()).digest()
+                chain = hashlib.sha256(chain + (d if isinstance(d, bytes) else d.result())).digest()
         finally:
             hashing.shutdown(wait=True, cancel_futures=True)
         if pos != state.end or chain != state.chain:
@@ -434,8 +376,8 @@ class VectorStore:
         return state
 
     def _scan_chunk(
-        self, f: BinaryIO, take: Callable[[list[str], np.ndarray], None], number: int, pos: int, state: _State,
-        hashing: ThreadPoolExecutor, digests: list[Future[bytes]],
+        self, f: BinaryIO, take: Callable[[Chunk], None], number: int, pos: int, state: _State,
+        hashing: ThreadPoolExecutor, digests: list[Future[bytes] | bytes],
     ) -> int:
         """Read, open and hand over chunk ``number`` at ``pos``; the position after it."""
         if pos + 4 > state.end:
@@ -446,14 +388,14 @@ class VectorStore:
         blob = f.read(n)
         if len(blob) != n:
             raise _Damage("the file is truncated")
-        digests.append(hashing.submit(_digest, blob))
+        digests.append(hashing.submit(_digest, blob) if n >= _THREAD_HASH_BYTES else _digest(blob))
         try:
-            plain = self._open(blob, self._chunk_aad(number))
+            plain = self._open(blob, self._chunk_aad(number, state.version))
         except Exception as exc:
             raise _Damage(f"chunk {number} fails authentication") from exc
-        keys, rows = self._chunk_rows(plain)
+        chunk = self._chunk(plain, state.version)
         try:
-            take(keys, rows)
+            take(chunk)
         except Exception as exc:
             raise _TakeFailed(exc) from exc
         return pos + 4 + n
@@ -463,16 +405,22 @@ class VectorStore:
         if not entries:
             return
         with self._lock:
+            old: dict[str, np.ndarray] = {}
             if self._state is None and self.path.exists():
                 try:
-                    self._state, _ = self._parse(self.path.read_bytes())
+                    self._state, old = self._parse(self.path.read_bytes())
                 except Exception:
                     self._state = None  # unusable: start over with these entries
+            if self._state is not None and self._state.version == 1:
+                if not old:
+                    old = self._parse(self.path.read_bytes())[1]
+                self._rewrite({**old, **entries}, narrowest(self.encoding, self.file_encoding))  # upgraded
+                return
             if self._state is None:
-                self._rewrite(entries)
+                self._rewrite(entries, self.encoding)
                 return
             state = self._state
-            frames, chain = self._frames(entries, state.chunks, state.chain)
+            frames, chain = self._frames(entries, state.chunks, state.chain, self.encoding)
             self._state = None  # unknown until the commit is durable
             try:
                 fd = fsio.open_fd(self.path, os.O_RDWR | os.O_CLOEXEC)
@@ -495,7 +443,64 @@ class VectorStore:
     def rewrite(self, entries: Mapping[str, np.ndarray]) -> None:
         """Replace the file with exactly ``entries`` (compaction), atomically and durably."""
         with self._lock:
-            self._rewrite(entries)
+            self._rewrite(entries, self.encoding)
+
+    @property
+    def needs_repack(self) -> bool:
+        """Whether the last full read found rows wider than :attr:`encoding` (a version-1 file, or
+        rows written at another precision) or many small chunks (each embedding batch appends one:
+        a 100,000-entry file of 32-entry chunks takes three times as long to load as one of full
+        chunks)."""
+        full = -(-self._read_entries // CHUNK_ENTRIES)
+        return self.needs_narrowing or self._read_chunks > 2 * full + 64
+
+    def repack(self) -> int | None:
+        """Rewrite the file when :attr:`needs_repack`: every row in :attr:`encoding`, chunks of
+        :data:`CHUNK_ENTRIES`, so the next read copies rows as stored, a few chunks at all.
+        Streams: one chunk in memory at a time, entries kept in file order (a later duplicate still
+        wins). Returns the entries rewritten; None when there was nothing to do or the file turned
+        out damaged (then it is discarded, as :meth:`load` does)."""
+        with self._lock:
+            if not self.needs_repack:
+                return None
+            tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
+            damaged: Exception | None = None
+            try:
+                out = _Repacking(self, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+                try:
+                    fsio.write_all(out.fd, MAGIC + bytes(2 * SLOT_SIZE))
+                    with open(self.path, "rb") as f:
+                        try:
+                            self._scan(f, out.take)
+                        except _TakeFailed as failed:  # sealing or writing the new file failed
+                            raise failed.error from None
+                        except OSError:
+                            raise
+                        except Exception as exc:  # the source file is damaged
+                            damaged = exc
+                    if damaged is None:
+                        state = out.finish()
+                finally:
+                    fsio.close(out.fd)
+                if damaged is None:
+                    fsio.replace(tmp, self.path)
+                    fsync_dir(self.path.parent)
+            except BaseException as exc:
+                fsio.unlink(tmp, missing_ok=True)
+                if isinstance(exc, OSError):
+                    raise self._write_error(exc) from exc
+                raise
+            if damaged is not None:
+                fsio.unlink(tmp, missing_ok=True)
+                log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
+                            self.path.name, _damage_reason(damaged))
+                self._discard()
+                return None
+            self._state = state
+            self.needs_narrowing = False
+            self.file_encoding = self.encoding
+            self._read_entries, self._read_chunks = out.entries, out.chunks
+            return out.entries
 
     def retain(self, keep: Collection[str], rename: Mapping[str, str] | None = None) -> tuple[int, int] | None:
         """Rewrite the file with only the entries whose key is in ``keep`` (compaction), atomically
@@ -513,7 +518,7 @@ class VectorStore:
             entries = rekeyed(parsed[1], rename or {})
             kept = {k: v for k, v in entries.items() if k in keep}
             if kept:
-                self._rewrite(kept)
+                self._rewrite(kept, narrowest(self.encoding, self.file_encoding))
             else:
                 self._discard()
             return len(kept), len(entries) - len(kept)
@@ -535,11 +540,12 @@ class VectorStore:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _rewrite(self, entries: Mapping[str, np.ndarray]) -> None:
-        frames, chain = self._frames(entries, 0, b"")
+    def _rewrite(self, entries: Mapping[str, np.ndarray], encoding: str, version: int = 2) -> None:
+        """Replace the file. ``version`` 1 (float32 only) exists to test reading old files."""
+        frames, chain = self._frames(entries, 0, b"", encoding, version)
         end = HEADER_SIZE + sum(len(f) for f in frames)
-        state = _State(1, len(frames), end, chain, 0)
-        body = MAGIC + self._commit_bytes(state) + bytes(SLOT_SIZE) + b"".join(frames)
+        state = _State(1, len(frames), end, chain, 0, version)
+        body = (MAGIC if version == 2 else MAGIC_V1) + self._commit_bytes(state) + bytes(SLOT_SIZE) + b"".join(frames)
         tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
         self._state = None
         try:

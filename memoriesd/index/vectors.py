@@ -12,8 +12,10 @@ Rows are held in one of three representations (``[rag.cache] vector_precision``)
 Every stored row is scored (no approximate index). The measured cost of the narrow ones (README
 "Memory and the cache caps"): int8 changes SciFact nDCG@10 by at most 0.001 (MiniLM and
 EmbeddingGemma) and a cosine by at most 0.0016, for a quarter of float32's memory; float16 changes
-neither measurably. Re-scoring int8 candidates from the float32 rows sealed on disk would open
-most of a vault's sealed chunks for every query, so it is not done.
+neither measurably. Re-scoring int8 candidates with float32 rows was measured and left out (it
+would open most of a vault's sealed chunks for every query), so the sidecar seals rows in this
+representation too (:mod:`~memoriesd.index.vector_chunks`) and :meth:`VectorIndex.add_encoded` takes
+them as stored.
 
 Narrow rows are scored in blocks of ``_BLOCK_ELEMS`` values: small enough to stay in the CPU
 cache and under OpenBLAS's threading threshold for a matrix-vector product (measured on 2 busy
@@ -149,6 +151,11 @@ class VectorIndex:
         if self.precision == "float32":
             return self._buf[:n]
         return self._decode(self._buf[:n], self._scale[:n] if self.precision == "int8" else None)
+
+    def absent(self, keys: Iterable[int]) -> list[int]:
+        """Those of ``keys`` that have no row, in order (one dict lookup each)."""
+        row = self._row
+        return [k for k in keys if k not in row]
 
     def keys(self) -> list[int]:
         """Keys in row order."""
@@ -302,6 +309,48 @@ class VectorIndex:
         self._keys.extend(keys)
         row_of.update(zip(keys, range(n0, total), strict=True))
         return True
+
+    def add_encoded(
+        self, keys: Sequence[int], encoding: str, rows: np.ndarray, scales: np.ndarray | None, *, adopt: bool = False
+    ) -> None:
+        """Add new, distinct ``keys`` with rows as a sidecar chunk holds them
+        (:mod:`~memoriesd.index.vector_chunks`: float32 as embedded, int8 codes with ``scales``, or
+        float16 bit patterns of unit rows). Rows in this index's own precision are copied as they
+        are (no decode, no re-quantising); others are decoded and encoded. ``adopt``: an empty
+        index takes ``rows``/``scales`` as its buffer (no copy; the caller gives them up)."""
+        if len(keys) != rows.shape[0]:
+            raise ValueError(f"expected {len(keys)} rows, got {rows.shape[0]}")
+        if encoding != self.precision or encoding == "float32":
+            if encoding == "int8":
+                assert scales is not None
+                wide = rows.astype(np.float32)
+                wide *= np.asarray(scales, dtype=np.float32)[:, None]
+            elif encoding == "float16":
+                wide = rows.view("<f2").astype(np.float32)
+            else:
+                wide = np.asarray(rows, dtype=np.float32)
+            self.add(keys, wide)
+            return
+        int_keys = [int(k) for k in keys]
+        if len(set(int_keys)) != len(int_keys) or any(k in self._row for k in int_keys):
+            raise ValueError("add_encoded takes new, distinct keys only")
+        n0 = len(self._keys)
+        total = n0 + len(int_keys)
+        if self.max_vector_mib is not None:
+            check_vector_cap(total, self.dims, self.max_vector_mib, self.precision)
+        if adopt and n0 == 0 and rows.dtype == self._dtype and rows.flags.c_contiguous and rows.flags.writeable:
+            self._buf = rows
+            if self.precision == "int8":
+                assert scales is not None
+                self._scale = np.ascontiguousarray(scales, dtype=np.float32)
+        else:
+            self._reserve(total)
+            self._buf[n0:total] = rows
+            if self.precision == "int8":
+                assert scales is not None
+                self._scale[n0:total] = scales
+        self._keys.extend(int_keys)
+        self._row.update(zip(int_keys, range(n0, total), strict=True))
 
     def remove(self, keys: Iterable[int]) -> int:
         """Drop ``keys`` (absent ones are ignored); returns how many were removed."""

@@ -6,17 +6,18 @@ to the embedder's identity (the sidecar's associated data), so a different model
 never reuses a vector, while the same input does wherever it is: an edit near the top of a note
 re-embeds only the fragments whose text changed (byte offsets are not part of the key; results
 still carry them from the fragment), and a passage in two notes has one vector. Unlock or restart
-reload vectors from the sealed sidecar instead of re-embedding (a chunk at a time, straight into the
-index's representation, with the content keys the restored lexical snapshot holds); vault changes embed only fragments
-whose key is new. A sidecar of the old scheme (keys from the fragment fingerprint and title) is
-re-keyed once on attach and rewritten, without re-embedding. ``vault compact`` rewrites every sidecar the vault's
-space list knows to the vectors of live fragments (:func:`compact_vectors`); ``rag status`` counts
-sealed vectors before they are loaded (:func:`sealed_status`).
+reload vectors from the sealed sidecar instead of re-embedding: its rows are sealed in the index's
+precision (int8 by default), so a chunk at a time they are matched in bulk to the content keys the
+restored lexical snapshot holds and copied in as stored (:mod:`~memoriesd.index.vector_load`);
+vault changes embed only fragments whose key is new. A sidecar of the old scheme (keys from the
+fragment fingerprint and title) is re-keyed once on attach and rewritten, without re-embedding; a
+version-1 sidecar (float32 rows) is rewritten once in the index's precision. Whole-vault functions
+(``vault compact``'s :func:`compact_vectors`, ``rag status``'s :func:`sealed_status`) are in
+:mod:`~memoriesd.index.vector_files`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import logging
@@ -30,19 +31,25 @@ import numpy as np
 
 from ..errors import Cancelled, CapExceeded, InvalidModelOutput, MemoriesError, ModelInputFailed
 from ..index.caches import embed_input
+from ..index.vector_chunks import CONTENT_KEY_HEX, encoding_of_precision
+from ..index.vector_files import (  # noqa: F401 - re-exported: their home before vector_files.py
+    _spaces_lock,
+    compact_vectors,
+    live_fragment_keys,
+    register_space,
+    sealed_status,
+    sidecar_id,
+)
+from ..index.vector_load import SidecarMatch, short_keys
 from ..index.vector_store import (
     VectorStore,
     content_key,
     entry_key,
     is_legacy_key,
-    list_sidecars,
-    read_spaces,
     rekeyed,
-    sidecar_opaque_id,
     sidecar_path,
-    write_spaces,
 )
-from ..index.vectors import VectorIndex, check_vector_cap, vector_bytes
+from ..index.vectors import VectorIndex, check_vector_cap
 from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
@@ -52,155 +59,15 @@ BATCH_FRAGMENTS = 32
 _WHOLE_FILE_LOAD = os.environ.get("MEMORIES_BENCH_WHOLE_FILE_VECTORS") == "1"
 #: Spare vectors (not used by a live fragment) kept in memory, as a share of max_vector_mib.
 SPARE_SHARE = 0.25
-#: Rows a sidecar read gathers before adding them to the index (bounds its float32 temporaries).
-_STREAM_ADD_ROWS = 4096
 
 
-def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
-    key = crypto.subkey(vault_key, crypto.LABEL_VECTOR_NAMES)
-    try:
-        return crypto.mac(key, identity.encode("utf-8")).hex()[:32]
-    finally:
-        crypto.wipe(key)
+_KEY_DTYPE = np.dtype(f"S{CONTENT_KEY_HEX}")
 
 
-_spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.bin
-
-
-def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) -> None:
-    """Note in the vault's sealed space list that ``identity`` (``dims``) is in use now, so
-    compaction can open its sidecar and status can count it before the model is loaded."""
-    oid = sidecar_id(store.key, identity)
-    with _spaces_lock:
-        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
-        spaces[oid] = {"identity": identity, "dims": int(dims), "used": time.time()}
-        try:
-            write_spaces(store.dir, spaces, vault_id=store.vault_id, seal=sealer.seal)
-        except OSError as exc:
-            log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
-
-
-def live_fragment_keys(store: Any, *, legacy: bool = False) -> list[tuple[str, str | None]]:
-    """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
-    records (one per fragment), computed exactly as the index does (same fragments, same
-    fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
-    fragment's vector had before content keys (to read or re-key an old sidecar)."""
-    from ..index.caches import index_doc
-
-    fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
-    try:
-        out: list[tuple[str, str | None]] = []
-        for rec in store.latest():
-            if not rec.searchable:
-                continue
-            doc = index_doc(rec, bytes(fp_key))
-            for frag in doc.fragments:
-                title, text = embed_input(doc, frag)
-                out.append((content_key(fp_key, title, text), entry_key(frag.fingerprint, doc.title) if legacy else None))
-        return out
-    finally:
-        crypto.wipe(fp_key)
-
-
-def _legacy_rename(pairs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
-    return {old: new for new, old in pairs if old is not None}
-
-
-def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
-    """After the log is compacted: rewrite every sealed sidecar of the vault whose model the space
-    list knows so it holds only vectors of live, searchable fragments (deleted records, old revisions
-    and old titles go); a sidecar left empty is removed. A sidecar of unknown identity (written
-    before the space list existed and not used since) cannot be opened: it is kept and counted.
-
-    Holds the index lock (no vector space is created or replaced meanwhile), the attached space's
-    lock (no append interleaves) and the store lock (the key stays valid, records do not change).
-    """
-    stats = {"vector_entries_kept": 0, "vector_entries_dropped": 0, "vector_files": 0, "vector_files_skipped": 0}
-    with contextlib.ExitStack() as stack:
-        if vault_index is not None:
-            stack.enter_context(vault_index.lock)
-        space = vault_index.vectors if vault_index is not None else None
-        if space is not None:
-            stack.enter_context(space.lock)
-        with store.lock:
-            pairs = live_fragment_keys(store, legacy=True)  # raises VaultLocked when locked meanwhile
-            keep = {new for new, _ in pairs}
-            rename = _legacy_rename(pairs)  # a sidecar not re-keyed yet keeps its live vectors
-            sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
-            try:
-                spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
-                for path in list_sidecars(store.dir):
-                    if space is not None and path == space.sidecar.path:
-                        result = space.retain(keep, rename)
-                    elif sidecar_opaque_id(path) in spaces:
-                        entry = spaces[sidecar_opaque_id(path)]
-                        result = VectorStore(
-                            path,
-                            vault_id=store.vault_id,
-                            identity=str(entry["identity"]),
-                            dims=int(str(entry["dims"])),
-                            seal=sealer.seal,
-                            open_=sealer.open,
-                        ).retain(keep, rename)
-                    else:
-                        stats["vector_files_skipped"] += 1
-                        log.warning("vault %s: vector cache %s has no known model identity; left as is",
-                                    store.vault_id, path.name)
-                        continue
-                    if result is not None:
-                        stats["vector_files"] += 1
-                        stats["vector_entries_kept"] += result[0]
-                        stats["vector_entries_dropped"] += result[1]
-            finally:
-                sealer.wipe()
-    return stats
-
-
-def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
-    """``rag status`` before vectors are loaded: how many live fragments have a sealed vector.
-
-    ``identity``/``dims`` are the active embedder's when known without loading a model; else the
-    identity this vault used last (local or remote as ``remote`` says) from its space list. Reads
-    the space list and one sidecar's keys; embeds nothing and builds no index. None when unknown.
-    """
-    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
-    try:
-        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
-        if identity is None:
-            used = [(float(str(e["used"])), oid) for oid, e in spaces.items() if str(e["identity"]).startswith("remote:") == remote]
-            if not used:
-                if list_sidecars(store.dir):
-                    return None  # vectors of an identity this daemon cannot name yet
-                return {"embedded": 0, "total": len(live_fragment_keys(store)), "vector_bytes": 0}
-            oid = max(used)[1]
-            identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
-        else:
-            oid = sidecar_id(store.key, identity)
-            if dims is None and oid in spaces:
-                dims = int(str(spaces[oid]["dims"]))
-        path = sidecar_path(store.dir, oid)
-        if not path.exists():
-            keys: set[str] | None = set()
-        elif dims is None:
-            return None
-        else:
-            keys = VectorStore(
-                path, vault_id=store.vault_id, identity=identity, dims=dims, seal=sealer.seal, open_=sealer.open
-            ).peek_keys()
-        if keys is None:
-            return None
-    finally:
-        sealer.wipe()
-    legacy = any(is_legacy_key(k) for k in keys)  # a sidecar not re-keyed yet (first attach does it)
-    frag_keys = live_fragment_keys(store, legacy=legacy)
-    embedded = sum(1 for new, old in frag_keys if new in keys or (old is not None and old in keys))
-    out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
-    if dims is not None:
-        out["dimensions"] = dims
-        out["vector_bytes"] = vector_bytes(embedded, dims)
-    else:
-        out["vector_bytes"] = 0
-    return out
+def _key_arrays(keys: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(fids int64, content keys S32)`` of a fid -> key map."""
+    return (np.fromiter(keys.keys(), dtype=np.int64, count=len(keys)),
+            np.array(list(keys.values()), dtype=_KEY_DTYPE) if keys else np.empty(0, dtype=_KEY_DTYPE))
 
 
 def _key_hashes(keys: Sequence[str]) -> np.ndarray:
@@ -227,6 +94,7 @@ class VectorSpace:
             dims=dims,
             seal=self._sealer.seal,
             open_=self._sealer.open,
+            encoding=encoding_of_precision(vault_index.cache_cfg.vector_precision),  # rows sealed as held
         )
         self.index = VectorIndex(dims, max_vector_mib=max_vector_mib, precision=vault_index.cache_cfg.vector_precision)
         self.skipped: set[str] = set()  # content keys of fragments the model cannot embed (this unlock)
@@ -246,6 +114,7 @@ class VectorSpace:
         self._evicted = np.empty(0, dtype=np.uint64)
         self._known_partial = False
         self.lock = threading.RLock()
+        self._repacker: threading.Thread | None = None  # the background rewrite after a load (_repack)
         register_space(store, self._sealer, identity, dims)
 
     # ------------------------------------------------------------------ keys
@@ -288,6 +157,13 @@ class VectorSpace:
             return None
         return self.index.get(fid)
 
+    def _hold_arrays(self, fids: np.ndarray, keys: np.ndarray) -> None:
+        """:meth:`_hold` of a load's (fid, S32 key) arrays: in bulk when nothing is held yet."""
+        if self._holder:
+            self._hold(list(zip(fids.tolist(), keys.astype("U").tolist(), strict=True)))
+        else:
+            self._holder = dict(zip(short_keys(keys).tolist(), fids.tolist(), strict=True))
+
     def _hold(self, pairs: Sequence[tuple[int, str]]) -> None:
         if not self._holder:  # the first load: every pair (a key held twice keeps either fragment)
             self._holder = {int(key[:16], 16): fid for fid, key in pairs}
@@ -307,21 +183,25 @@ class VectorSpace:
         spares trimmed) from the sealed sidecar."""
         with self.lock:
             live = vault_index.live_frag_ids()
-            missing = [fid for fid in live if fid not in self.index]
+            missing = self.index.absent(live) if len(self.index) else live
             if len(self.index) > len(live) - len(missing):
                 # An embed pass that raced a change may have added a fragment released just after.
                 live_set = set(live)
                 self.index.remove([fid for fid in self.index.keys() if fid not in live_set])
             if not missing:
                 return
-            keys = self._keys_of(vault_index, missing)
             first = self._known is None
+            # The first load asks for every live fragment: their keys in bulk, as arrays.
+            bulk = self._bulk_keys(vault_index, missing) if first and not _WHOLE_FILE_LOAD else None
+            keys = self._keys_of(vault_index, missing) if bulk is None else None
             if first or self._may_be_sealed(
-                [k for k in keys.values() if (self._known is None or k not in self._known) and not self._is_held(k)]
+                [k for k in (keys or {}).values() if (self._known is None or k not in self._known) and not self._is_held(k)]
             ):
                 t0 = time.perf_counter()
-                added = None if _WHOLE_FILE_LOAD else self._stream(keys)
+                added = None if _WHOLE_FILE_LOAD else self._stream(bulk if bulk is not None else _key_arrays(keys or {}))
                 if added is None:  # the whole-file path: an old-scheme sidecar to re-key (or the benchmark's switch)
+                    if keys is None:
+                        keys = self._keys_of(vault_index, missing)
                     loaded = self._load(vault_index, keys)
                     added = len(loaded)
                     # Spares only: what the index already holds is not kept twice.
@@ -330,7 +210,12 @@ class VectorSpace:
                     self._known_partial = False
                 log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, added, time.perf_counter() - t0)
             assert self._known is not None
-            missing = [fid for fid in missing if fid not in self.index]
+            missing = self.index.absent(missing)
+            if not missing:
+                self._trim_spares()
+                return
+            if keys is None:
+                keys = self._keys_of(vault_index, missing)
             found: list[tuple[int, str]] = []
             found_vecs = []
             for fid in missing:
@@ -349,80 +234,81 @@ class VectorSpace:
                 self._hold(found)
             self._trim_spares()
 
+    def _bulk_keys(self, vault_index: Any, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(fids, S32 content keys)`` of ``missing`` (every live fragment, at the first load):
+        those the restored snapshot holds taken in bulk, the others computed."""
+        keeper = getattr(vault_index, "keeper", None)
+        fids, joined = keeper.content_key_runs(vault_index) if keeper is not None else ([], "")
+        if len(fids) == len(missing) and not len(self.index):  # all of them (the usual case)
+            return np.asarray(fids, dtype=np.int64), np.frombuffer(joined.encode("ascii"), dtype=_KEY_DTYPE)
+        want = set(missing)
+        pairs = [(f, joined[i * CONTENT_KEY_HEX : (i + 1) * CONTENT_KEY_HEX]) for i, f in enumerate(fids) if f in want]
+        have = {f for f, _ in pairs}
+        pairs += [(f, self.key_of(vault_index, f)) for f in missing if f not in have]
+        return _key_arrays(dict(pairs))
+
     def _keys_of(self, vault_index: Any, frag_ids: Sequence[int]) -> dict[int, str]:
         """Content keys of live fragments (:meth:`key_of`), those the restored snapshot holds in bulk."""
         keeper = getattr(vault_index, "keeper", None)
         known = keeper.content_keys_of(vault_index, frag_ids) if keeper is not None else {}
         return {fid: known[fid] if fid in known else self.key_of(vault_index, fid) for fid in frag_ids}
 
-    def _stream(self, keys: dict[int, str]) -> int | None:
-        """Read the sealed sidecar a chunk at a time straight into the index (in its precision, e.g.
-        int8), keeping vectors no live fragment wants as spares (bounded): never a float32 copy of the
-        whole file. Returns how many sealed vectors were read; None when the file holds old-scheme
-        keys (the caller then takes the whole-file path, which re-keys it). A damaged file adds
-        nothing (what was added from it is removed again). Caller holds the lock; ``keys`` maps
-        the missing fragments to their content keys."""
-        wanted: dict[str, list[int]] = {}
-        for fid, key in keys.items():
-            wanted.setdefault(key, []).append(fid)
+    def _stream(self, keys: tuple[np.ndarray, np.ndarray]) -> int | None:
+        """Read the sealed sidecar a chunk at a time straight into the index: rows stored in the
+        index's precision (int8 by default) are copied as they are, matched to fragments in bulk
+        (:class:`~memoriesd.index.vector_load.SidecarMatch`); vectors no live fragment wants are
+        kept as spares (bounded). Returns how many sealed vectors were read; None when the file
+        holds old-scheme keys (the caller then takes the whole-file path, which re-keys it). A
+        damaged file adds nothing. A file with rows wider than the index's (version 1, or another
+        precision) is rewritten once in the index's encoding. Caller holds the lock; ``keys``: the
+        missing fragments and their content keys (:func:`_key_arrays`)."""
         self._known = {}
         self._evicted = np.empty(0, dtype=np.uint64)
         self._known_partial = False
         known = self._known
-        added: list[int] = []
-        seen = 0
-        legacy = False
 
-        pending_fids: list[int] = []
-        pending_rows: list[np.ndarray] = []
-
-        def flush() -> None:
-            if pending_fids:
-                # Encoded as the index holds rows (int8: no float32 copy is kept).
-                self.index.add(pending_fids, np.concatenate(pending_rows) if len(pending_rows) > 1 else pending_rows[0])
-                added.extend(pending_fids)
-                pending_fids.clear()
-                pending_rows.clear()
-
-        def take(chunk_keys: list[str], rows: np.ndarray) -> None:
-            nonlocal seen, legacy
-            seen += len(chunk_keys)
-            picks: list[int] = []
-            for i, key in enumerate(chunk_keys):
-                got = wanted.get(key)
-                if got is not None:
-                    pending_fids.extend(got)
-                    picks.extend([i] * len(got))
-                elif is_legacy_key(key):
-                    legacy = True
-                elif not self._is_held(key):
+        def spare(chunk_keys: list[str], rows: np.ndarray) -> None:
+            for key, row in zip(chunk_keys, rows, strict=True):
+                if not is_legacy_key(key) and not self._is_held(key):
                     known.pop(key, None)  # a later duplicate wins, and counts as the newest
-                    known[key] = np.array(rows[i], dtype=np.float32)  # a copy: rows is a view of the chunk
-            if picks:
-                pending_rows.append(rows[np.asarray(picks, dtype=np.int64)])
-            if len(pending_fids) >= _STREAM_ADD_ROWS:  # a few small chunks (one per embedding batch) at once
-                flush()
+                    known[key] = row
             if len(known) > self._spare_budget():
                 self._trim_spares()
 
-        self.index.reserve(len(self.index) + len(keys))
-        try:
-            ok = self.sidecar.scan(take)
-            if ok:
-                flush()
-        except BaseException:
-            self.index.remove(added)
-            self._known = None
-            raise
-        if legacy or not ok:
-            self.index.remove(added)
-            self._known = {} if not legacy else None
+        match = SidecarMatch(keys, self.dims, self.index.precision, spare)
+        ok = self.sidecar.scan_chunks(match.take)
+        if match.legacy or not ok:
+            self._known = {} if not match.legacy else None
             self._evicted = np.empty(0, dtype=np.uint64)
-            if legacy:
-                return None
-            return 0
-        self._hold([(fid, keys[fid]) for fid in added])
-        return seen
+            return None if match.legacy else 0
+        got = match.result()
+        if got.fids:
+            check_vector_cap(len(self.index) + len(got.fids), self.dims, self.max_vector_mib, self.index.precision)
+            self.index.add_encoded(got.fids, self.index.precision, got.rows, got.scales, adopt=True)
+            self._hold_arrays(got.pair_fids, got.pair_keys)
+        if self.sidecar.needs_repack and self._repacker is None:
+            self._repacker = threading.Thread(target=self._repack, name="memoriesd-vecrepack", daemon=True)
+            self._repacker.start()
+        return got.seen
+
+    def _repack(self) -> None:
+        """In the background, after the load that answers the search: rewrite the sidecar once in
+        the index's encoding, in full chunks (a version-1 file, rows written at another precision,
+        or many small appended chunks), so the next unlock copies rows as stored. Holds only the
+        sidecar's own lock (an append waits for it); :meth:`close` (lock) waits for it to end, once
+        per file, so a quick lock after the first search does not leave the file unpacked."""
+        t0 = time.perf_counter()
+        try:
+            done = self.sidecar.repack()
+        except MemoriesError as exc:
+            log.warning("vector cache %s was not rewritten (%s)", self.sidecar.path.name, exc.code)
+            return
+        except Exception as exc:  # noqa: BLE001 - the key wiped by a lock: the old file stays
+            log.info("vector cache %s was not rewritten (%s)", self.sidecar.path.name, type(exc).__name__)
+            return
+        if done is not None:
+            log.info("vector cache %s rewritten in %s: %d vectors in %.2f s", self.sidecar.path.name,
+                     self.sidecar.encoding, done, time.perf_counter() - t0)
 
     def _load(self, vault_index: Any, keys: dict[int, str]) -> dict[str, np.ndarray]:
         """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
@@ -507,7 +393,7 @@ class VectorSpace:
     def missing(self, vault_index: Any) -> list[int]:
         """Live fragments without a vector, except those recorded as skipped (cannot be embedded)."""
         with self.lock:
-            out = [fid for fid in vault_index.live_frag_ids() if fid not in self.index]
+            out = self.index.absent(vault_index.live_frag_ids())
             if self.skipped:
                 out = [fid for fid in out if (got := vault_index.get_fragment(fid)) is not None
                        and self._input_key(*got)[1] not in self.skipped]
@@ -652,6 +538,11 @@ class VectorSpace:
         return int(self.index.nbytes) + self.spare_count * self.dims * 4
 
     def close(self) -> None:
+        repacker = self._repacker
+        if repacker is not None and repacker.is_alive():
+            t0 = time.perf_counter()
+            repacker.join(timeout=120)
+            log.info("vector cache %s: lock waited %.2f s for its rewrite", self.sidecar.path.name, time.perf_counter() - t0)
         with self.lock:
             self.index.clear()
             self._known = None

@@ -1,0 +1,184 @@
+"""A vault's sealed vector files as a whole: their names, the space list, compaction and status.
+
+Functions over every sidecar of a vault, not one loaded vector space (that is
+:class:`~memoriesd.rag.vectors.VectorSpace`): the opaque sidecar id of a model identity, noting a
+space in the sealed space list, the content keys of every live fragment, rewriting every sidecar
+to the live fragments after compaction or ``memory forget`` (:func:`compact_vectors`), and
+``rag status`` counts before any vector is loaded (:func:`sealed_status`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..vault import crypto
+from .caches import embed_input
+from .vector_store import (
+    VectorStore,
+    content_key,
+    entry_key,
+    is_legacy_key,
+    list_sidecars,
+    read_spaces,
+    sidecar_opaque_id,
+    sidecar_path,
+    write_spaces,
+)
+from .vectors import vector_bytes
+
+log = logging.getLogger("memoriesd.vectors")
+
+
+def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
+    key = crypto.subkey(vault_key, crypto.LABEL_VECTOR_NAMES)
+    try:
+        return crypto.mac(key, identity.encode("utf-8")).hex()[:32]
+    finally:
+        crypto.wipe(key)
+
+
+_spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.bin
+
+
+def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) -> None:
+    """Note in the vault's sealed space list that ``identity`` (``dims``) is in use now, so
+    compaction can open its sidecar and status can count it before the model is loaded."""
+    oid = sidecar_id(store.key, identity)
+    with _spaces_lock:
+        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+        spaces[oid] = {"identity": identity, "dims": int(dims), "used": time.time()}
+        try:
+            write_spaces(store.dir, spaces, vault_id=store.vault_id, seal=sealer.seal)
+        except OSError as exc:
+            log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
+
+
+def live_fragment_keys(store: Any, *, legacy: bool = False) -> list[tuple[str, str | None]]:
+    """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
+    records (one per fragment), computed exactly as the index does (same fragments, same
+    fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
+    fragment's vector had before content keys (to read or re-key an old sidecar)."""
+    from .caches import index_doc
+
+    fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+    try:
+        out: list[tuple[str, str | None]] = []
+        for rec in store.latest():
+            if not rec.searchable:
+                continue
+            doc = index_doc(rec, bytes(fp_key))
+            for frag in doc.fragments:
+                title, text = embed_input(doc, frag)
+                out.append((content_key(fp_key, title, text), entry_key(frag.fingerprint, doc.title) if legacy else None))
+        return out
+    finally:
+        crypto.wipe(fp_key)
+
+
+def _legacy_rename(pairs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
+    return {old: new for new, old in pairs if old is not None}
+
+
+def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
+    """After the log is compacted: rewrite every sealed sidecar of the vault whose model the space
+    list knows so it holds only vectors of live, searchable fragments (deleted records, old revisions
+    and old titles go); a sidecar left empty is removed. A sidecar of unknown identity (written
+    before the space list existed and not used since) cannot be opened: it is kept and counted.
+
+    Holds the index lock (no vector space is created or replaced meanwhile), the attached space's
+    lock (no append interleaves) and the store lock (the key stays valid, records do not change).
+    """
+    stats = {"vector_entries_kept": 0, "vector_entries_dropped": 0, "vector_files": 0, "vector_files_skipped": 0}
+    with contextlib.ExitStack() as stack:
+        if vault_index is not None:
+            stack.enter_context(vault_index.lock)
+        space = vault_index.vectors if vault_index is not None else None
+        if space is not None:
+            stack.enter_context(space.lock)
+        with store.lock:
+            pairs = live_fragment_keys(store, legacy=True)  # raises VaultLocked when locked meanwhile
+            keep = {new for new, _ in pairs}
+            rename = _legacy_rename(pairs)  # a sidecar not re-keyed yet keeps its live vectors
+            sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+            try:
+                spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+                for path in list_sidecars(store.dir):
+                    if space is not None and path == space.sidecar.path:
+                        result = space.retain(keep, rename)
+                    elif sidecar_opaque_id(path) in spaces:
+                        entry = spaces[sidecar_opaque_id(path)]
+                        result = VectorStore(
+                            path,
+                            vault_id=store.vault_id,
+                            identity=str(entry["identity"]),
+                            dims=int(str(entry["dims"])),
+                            seal=sealer.seal,
+                            open_=sealer.open,
+                        ).retain(keep, rename)
+                    else:
+                        stats["vector_files_skipped"] += 1
+                        log.warning("vault %s: vector cache %s has no known model identity; left as is",
+                                    store.vault_id, path.name)
+                        continue
+                    if result is not None:
+                        stats["vector_files"] += 1
+                        stats["vector_entries_kept"] += result[0]
+                        stats["vector_entries_dropped"] += result[1]
+            finally:
+                sealer.wipe()
+    return stats
+
+
+def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
+    """``rag status`` before vectors are loaded: how many live fragments have a sealed vector.
+
+    ``identity``/``dims`` are the active embedder's when known without loading a model; else the
+    identity this vault used last (local or remote as ``remote`` says) from its space list. Reads
+    the space list and one sidecar's keys; embeds nothing and builds no index. None when unknown.
+    """
+    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    try:
+        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+        if identity is None:
+            used = [(float(str(e["used"])), oid) for oid, e in spaces.items() if str(e["identity"]).startswith("remote:") == remote]
+            if not used:
+                if list_sidecars(store.dir):
+                    return None  # vectors of an identity this daemon cannot name yet
+                return {"embedded": 0, "total": len(live_fragment_keys(store)), "vector_bytes": 0}
+            oid = max(used)[1]
+            identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
+        else:
+            oid = sidecar_id(store.key, identity)
+            if dims is None and oid in spaces:
+                dims = int(str(spaces[oid]["dims"]))
+        path = sidecar_path(store.dir, oid)
+        if not path.exists():
+            keys: set[str] | None = set()
+        elif dims is None:
+            return None
+        else:
+            keys = VectorStore(
+                path, vault_id=store.vault_id, identity=identity, dims=dims, seal=sealer.seal, open_=sealer.open
+            ).peek_keys()
+        if keys is None:
+            return None
+    finally:
+        sealer.wipe()
+    legacy = any(is_legacy_key(k) for k in keys)  # a sidecar not re-keyed yet (first attach does it)
+    frag_keys = live_fragment_keys(store, legacy=legacy)
+    embedded = sum(1 for new, old in frag_keys if new in keys or (old is not None and old in keys))
+    out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
+    if dims is not None:
+        out["dimensions"] = dims
+        out["vector_bytes"] = vector_bytes(embedded, dims)
+    else:
+        out["vector_bytes"] = 0
+    return out
+
+
+__all__ = ["compact_vectors", "live_fragment_keys", "register_space", "sealed_status", "sidecar_id"]
