@@ -13,6 +13,7 @@ import typer
 
 from memoriesd.errors import ConfirmationRequired, UsageError
 
+from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit, md_item
 from .state import STATE, call, emit_json, fmt_time, notice, report, safe_text, table
 
 memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True, rich_markup_mode=None)
@@ -145,19 +146,28 @@ def read(
 def history(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     record_id: Annotated[str, typer.Argument(metavar="ID", help="Record id.")],
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
 ) -> None:
     """List a record's revisions.
 
     Old revisions stay readable until `memories vault compact` removes them.
     """
+    fmt = chosen(format_, color)
     out = call("memory.history", {"vault": vault, "id": record_id})
-    if STATE.json:
-        emit_json(out)
-        return
-    if any("text" in r for r in out["revisions"]):  # a fact: what it said at each revision
-        table(["REVISION", "UPDATED", "TEXT"], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r.get("text", "")] for r in out["revisions"]])
-        return
-    table(["REVISION", "UPDATED", "TITLE"], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r["title"]] for r in out["revisions"]])
+    fact = any("text" in r for r in out["revisions"])  # a fact: what it said at each revision
+    what = "text" if fact else "title"
+
+    def text() -> None:
+        table(["REVISION", "UPDATED", what.upper()], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r.get(what, "")] for r in out["revisions"]])
+
+    emit(fmt, Listing(
+        document=out,
+        items=[{"id": out["id"], **r} for r in out["revisions"]],
+        columns=("id", "revision", "updated", "deleted", what),
+        text=text,
+        md_item=lambda r: f"- revision {r['revision']}, {fmt_time(r['updated'])}: " + ("(deleted)" if r["deleted"] else md_item(r, title_key=what)[2:]),
+    ))
 
 
 ListKind = Literal["memory", "card", "fact", "conversation", "credential", "file"]  # memoriesd.vault.records.KINDS
@@ -181,6 +191,8 @@ def list_(
     since: Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD), as for `rag search --since`.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many records (1-100000).")] = 50,
     offset: Annotated[int, typer.Option("--offset", help="Skip this many records first (the next page: --offset 50).")] = 0,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
 ) -> None:
     """List records, newest first, a page at a time.
 
@@ -188,6 +200,7 @@ def list_(
     pages. --kind fact lists the current facts with their category, key and recalls. --json gives the
     page as {"records": [...], "total": N, "offset": N, "limit": N}.
     """
+    fmt = chosen(format_, color)
     if limit < 1 or limit > 100_000:
         raise UsageError("--limit takes a number from 1 to 100000")
     if offset < 0:
@@ -197,7 +210,7 @@ def list_(
             raise UsageError("--category goes with --kind fact")
         if tag is not None or since is not None:
             raise UsageError("--tag and --since do not go with --kind fact: use `memories rag search VAULT QUERY --kind fact --tag T --since DATE`")
-        _list_facts(vault, category, limit, offset)
+        _list_facts(vault, category, limit, offset, fmt)
         return
     params: dict[str, Any] = {"vault": vault, "limit": limit, "offset": offset}
     if kind:
@@ -207,16 +220,25 @@ def list_(
     if since is not None:
         params["since"] = since
     out = call("memory.list", params)
-    if STATE.json:
-        emit_json(out)
-        return
     records = out["records"]
-    if records:
-        table(
-            ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
-            [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), r["title"], ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
-        )
-    notice(page_line(len(records), int(out.get("total", len(records))), offset, "record"))
+    shown = page_line(len(records), int(out.get("total", len(records))), offset, "record")
+
+    def text() -> None:
+        if records:
+            table(
+                ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
+                [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), r["title"], ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
+            )
+        notice(shown)
+
+    emit(fmt, Listing(
+        document=out,
+        items=records,
+        columns=("id", "revision", "kind", "title", "tags", "private", "updated"),
+        text=text,
+        md_item=lambda r: md_item(r, extra=f"{r['kind']}, revision {r['revision']}" + (", private" if r["private"] else "") + "".join(f" #{t}" for t in r["tags"])),
+        notices=[shown] if fmt != "json" else [],
+    ))
 
 
 def page_line(shown: int, total: int, offset: int, noun: str) -> str:
@@ -229,42 +251,6 @@ def page_line(shown: int, total: int, offset: int, noun: str) -> str:
     if offset + shown < total:
         line += f" (next page: --offset {offset + shown})"
     return line
-
-
-#: Width of `memory search` lines when stdout is not a terminal (and COLUMNS is unset).
-PIPED_COLUMNS = 100
-
-
-def record_line(title: str, record: str, score: str, snippet: str, width: int, title_cells: int) -> str:
-    """One `memory search` result in ``width`` terminal cells: title (padded or cut to ``title_cells``),
-    id@revision, score, and as much of the snippet as fits (cut with "…"). Wide (CJK) characters count twice."""
-    from rich.cells import cell_len, set_cell_size
-
-    if cell_len(title) > title_cells:
-        title = set_cell_size(title, title_cells - 1) + "\u2026"
-    head = f"{set_cell_size(title, title_cells)}  {record}  {score}  "
-    room = width - cell_len(head)
-    if room < 8:  # a very narrow terminal: the snippet goes, the rest stays whole
-        return head.rstrip()
-    if cell_len(snippet) > room:
-        snippet = set_cell_size(snippet, room - 1).rstrip() + "\u2026"
-    return head + snippet
-
-
-def print_record_lines(results: list[dict[str, Any]]) -> None:
-    """`memory search` output: exactly one line per record, cut to the terminal's width."""
-    import shutil
-
-    from .conversation_cmds import titled
-
-    width = shutil.get_terminal_size((PIPED_COLUMNS, 24)).columns  # COLUMNS, else the terminal, else 100
-    titles = [safe_text(titled(r)) or "(untitled)" for r in results]
-    from rich.cells import cell_len
-
-    title_cells = max(12, min(max(cell_len(t) for t in titles), width // 3))
-    for r, title in zip(results, titles, strict=True):
-        snippet = safe_text(" ".join(str(r["snippet"]).split()))
-        sys.stdout.write(record_line(title, f"{r['id']}@{r['revision']}", f"{r['score']:.4f}", snippet, width, title_cells) + "\n")
 
 
 @memory_app.command("update")
@@ -312,7 +298,7 @@ def delete(
 CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")  # memoriesd.memory.facts.CATEGORIES
 
 
-def _list_facts(vault: str, category: str | None, limit: int, offset: int) -> None:
+def _list_facts(vault: str, category: str | None, limit: int, offset: int, fmt: str) -> None:
     params: dict[str, Any] = {"vault": vault}
     if category is not None:
         if category not in CATEGORIES:
@@ -322,15 +308,24 @@ def _list_facts(vault: str, category: str | None, limit: int, offset: int) -> No
     total = len(out["facts"])
     out["facts"] = out["facts"][offset : offset + limit]  # facts are few: paged here, as `memory.list` pages
     out.update({"total": total, "offset": offset, "limit": limit})
-    if STATE.json:
-        emit_json(out)
-        return
-    if out["facts"]:
-        table(
-            ["ID", "REV", "CATEGORY", "KEY", "TEXT", "RECALLS", "LAST RECALL", "UPDATED"],
-            [[f["id"], f["revision"], f["category"], f["key"] or "", f["text"], f["recalls"], fmt_time(f["last_recall"]), fmt_time(f["updated"])] for f in out["facts"]],
-        )
-    notice(page_line(len(out["facts"]), total, offset, "fact"))
+    shown = page_line(len(out["facts"]), total, offset, "fact")
+
+    def text() -> None:
+        if out["facts"]:
+            table(
+                ["ID", "REV", "CATEGORY", "KEY", "TEXT", "RECALLS", "LAST RECALL", "UPDATED"],
+                [[f["id"], f["revision"], f["category"], f["key"] or "", f["text"], f["recalls"], fmt_time(f["last_recall"]), fmt_time(f["updated"])] for f in out["facts"]],
+            )
+        notice(shown)
+
+    emit(fmt, Listing(
+        document=out,
+        items=out["facts"],
+        columns=("id", "revision", "category", "key", "text", "importance", "recalls", "last_recall", "updated"),
+        text=text,
+        md_item=lambda f: md_item(f, title_key="text", extra=f["category"] + (f" ({f['key']})" if f.get("key") else "")),
+        notices=[shown] if fmt != "json" else [],
+    ))
 
 
 @memory_app.command("remember")

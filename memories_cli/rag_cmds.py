@@ -1,4 +1,7 @@
-"""`memories rag ...` and `memories memory search`: ingestion, search, indexing, status, ask, model-install."""
+"""`memories rag ...`: ingestion, status, watches, indexing and model-install.
+
+Search, ask and context packs are in :mod:`memories_cli.search_cmds` (registered here, in order).
+"""
 
 from __future__ import annotations
 
@@ -9,49 +12,18 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
 from memoriesd.errors import MemoriesError, UsageError
 from memoriesd.text.humanize import duration
 
-from .conversation_cmds import titled
-from .state import STATE, call, echo, emit_json, fmt_time, notice, report, safe_text, table
+from . import search_cmds
+from .render import home_short, mib, percent, print_summary
+from .state import STATE, call, cli_command, emit_json, fmt_time, notice, report, safe_text
 
 rag_app = typer.Typer(help="Ingest documents, search them and ask questions.\n\nAlso keeps folders in sync (watch), embeds fragments (index) and builds context packs for assistants.", no_args_is_help=True, rich_markup_mode=None)
-
-SearchMode = Literal["bm25", "vector", "hybrid"]  # memoriesd.rag.search.MODES
-Mode = Annotated[SearchMode | None, typer.Option("--mode", help="Lexical, semantic or both (default: hybrid when an embedding model is usable for this vault, else bm25).")]
-MatchMode = Annotated[Literal["any", "all", "phrase"], typer.Option("--match-mode", help="Any term, every term, or the exact phrase.")]
-Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
-CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
-NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
-# Repeatable options cannot be a typer Choice: the metavar lists what the daemon accepts (memoriesd.rag.filters).
-Kind = Annotated[list[str] | None, typer.Option("--kind", metavar="[memory|card|fact|conversation]", help="Only records of this kind (repeatable: any of them).")]
-Category = Annotated[list[str] | None, typer.Option("--category", metavar="[profile|preference|decision|pattern|fact]", help="Only facts of this category (repeatable: any of them).")]
-Tag = Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help="Only records with this tag (repeatable: every one of them).")]
-Since = Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD): a conversation's session date, else front matter date:, else the day the record was created.")]
-Until = Annotated[str | None, typer.Option("--until", metavar="DATE", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
-Speaker = Annotated[list[str] | None, typer.Option("--speaker", metavar="NAME", help="Only conversation excerpts holding a turn by this speaker (case-insensitive; repeatable: any of them).")]
-
-
-def _filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None, speaker: list[str] | None = None) -> dict[str, Any]:
-    """The request params of --kind, --category, --tag, --since, --until and --speaker (the daemon validates them)."""
-    out: dict[str, Any] = {}
-    if speaker:
-        out["speakers"] = speaker
-    if kind:
-        out["kinds"] = kind
-    if category:
-        out["categories"] = category
-    if tag:
-        out["tags"] = tag
-    if since is not None:
-        out["since"] = since
-    if until is not None:
-        out["until"] = until
-    return out
 
 
 class Progress:
@@ -162,14 +134,6 @@ def ingest(
         raise typer.Exit(1)
 
 
-def home_short(path: str) -> str:
-    """An absolute path as text output shows it: under the home directory as ``~/...`` (``--json`` keeps it whole)."""
-    home = os.path.expanduser("~").rstrip(os.sep)
-    if home and home != "~" and path.startswith(home + os.sep):
-        return "~" + path[len(home) :]
-    return path
-
-
 def _ingest_path(arg: str) -> str:
     """A named path made absolute, refused (usage error) when its name is not UTF-8."""
     path = str(Path(arg).expanduser().absolute())
@@ -183,135 +147,91 @@ def _ingest_path(arg: str) -> str:
     return path
 
 
-#: Hex characters of a fragment's fingerprint in the `rag search` table (`--json` has all 32).
-FINGERPRINT_SHOWN = 12
-
-
-def _print_fragments(out: dict[str, Any]) -> None:
-    for n in out.get("notices", []):
-        notice(n)
-    if not out["results"]:
-        notice("nothing relevant found")
-        return
-    rows = []
-    for r in out["results"]:
-        text = " ".join(r["text"].split())
-        fingerprint = str(r.get("fingerprint") or "")[:FINGERPRINT_SHOWN]  # a prefix of --json's 32 hex
-        rows.append([f"[{r['label']}]", f"{r['score']:.4f}", titled(r), f"{r['record_id']}@{r['revision']}", fingerprint, f"{r['start']}-{r['end']}", text[:160] + ("…" if len(text) > 160 else "")])
-    table(["", "SCORE", "TITLE", "RECORD@REV", "FINGERPRINT", "BYTES", "TEXT"], rows, title=f"mode: {out['mode']}")
-
-
-@rag_app.command(
-    "search",
-    epilog="""Examples:
-
-\b
-  memories rag search notes "garden soil"
-  memories rag search notes 长城 --mode bm25 --limit 5
-  memories rag search notes "trip plan" --kind card --since 2024-01-01 --json""",
-)
-def search(
-    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    query: Annotated[str, typer.Argument(help="What to look for.")],
-    mode: Mode = None,
-    match_mode: MatchMode = "any",
-    limit: Limit = 10,
-    cards_only: CardsOnly = False,
-    no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [rag] ask_min_cosine); -1 shows the nearest fragments however far.")] = None,
-    rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
-    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
-    fusion: Annotated[Literal["convex", "rrf"] | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
-    kind: Kind = None,
-    category: Category = None,
-    tag: Tag = None,
-    since: Since = None,
-    until: Until = None,
-    speaker: Speaker = None,
-) -> None:
-    """Search fragments, best first, with citation labels.
-
-    Results are labelled [S1], [S2] and so on, with their record, revision and byte range. The filters
-    (--kind, --category, --tag, --since, --until, --speaker) narrow both the lexical and the vector
-    candidates before they are ranked. For one line per record, see `memories memory search`.
-
-    Vector and hybrid search leave out fragments that match neither the query's words nor, above the
-    model's relevance floor, its meaning: a query on nothing in the vault says "nothing relevant found"
-    (exit 0). --min-score -1 shows the nearest fragments anyway.
-    """
-    params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
-    params.update(_filters(kind, category, tag, since, until, speaker))
-    if mode:
-        params["mode"] = mode
-    if min_score is not None:
-        params["min_score"] = min_score
-    if rrf_k is not None:
-        params["rrf_k"] = rrf_k
-    if vector_weight is not None:
-        params["vector_weight"] = vector_weight
-    if fusion is not None:
-        params["fusion"] = fusion
-    out = call("rag.search", params)
-    if STATE.json:
-        emit_json({"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]})
-        return
-    _print_fragments(out)
+rag_app.command("search", epilog=search_cmds.SEARCH_EPILOG)(search_cmds.search)
 
 
 @rag_app.command("status")
 def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
-    """Show a vault's documents, vectors, caps and watches.
+    """Show a vault's documents, fragments, caps, embedding progress, model and watched folders.
 
-    Documents, fragments and bytes; the index state; vectors and the embedding model in use; cache
-    use against the caps; and the watched folders.
+    A short summary: documents and fragments, the share of each cache cap in use, how many fragments
+    have vectors (and the background indexing), the embedding model and why it serves this vault,
+    the watched folders; then the next step to take.
     """
     out = call("rag.status", {"vault": vault})
     if STATE.json:
         emit_json(out)
         return
-    emb = out["embedding"]
     if out.get("cap_error"):
         notice(out["cap_error"])
-    frags = "?" if out["fragments"] is None else f"{out['fragments']:,}"
-    rows = [
-        ["documents", f"{out['documents']:,}"],
-        ["fragments", f"{frags} (cap {out['cache']['max_fragments']:,})"],
-        ["bytes", f"{out['bytes']:,}"],
-        ["index", out["index"]],
-        ["source text", f"{out['cache']['source_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_source_mib']:g} MiB)"],
-    ]
-    if emb.get("embedded") is not None:
-        # Not loaded yet: counted from the sealed vectors on disk (they load on first vector search).
-        where = "" if emb.get("vectors_loaded", True) else ", sealed on disk, not loaded yet"
-        rows.append(["vectors", f"{emb['embedded']:,} / {emb['total']:,} fragments, {emb['vector_bytes'] / 1048576:.2f} MiB (cap {out['cache']['max_vector_mib']:g} MiB){where}"])
+    rows, hints = status_rows(out, vault)
+    title = f"Vault {vault}" + (f" ({out['vault_id']})" if out.get("vault_id") and out["vault_id"] != vault else "")
+    print_summary(title, rows, hints)
+
+
+def status_rows(out: dict[str, Any], vault: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The rows of `rag status` and the next steps it suggests."""
+    emb, cache = out["embedding"], out["cache"]
+    frags = out["fragments"]
+    records = int(out.get("searchable_records") or 0)
+    rows = [("Documents", f"{out['documents']:,} ingested files ({mib(out['bytes'])}), {records:,} searchable records in all")]
+    index = {"built": "index built", "stale": "index out of date, rebuilt on the next search", "none": "index built on the first search", "over_cap": "over a cap: not indexed"}.get(str(out["index"]), str(out["index"]))
+    if frags is not None:
+        rows.append(("Fragments", f"{frags:,} of {cache['max_fragments']:,} allowed ({percent(frags, cache['max_fragments'])}); {index}"))
+    rows.append(("Source text", f"{mib(cache['source_bytes'])} of {cache['max_source_mib']:g} MiB ({percent(cache['source_bytes'], cache['max_source_mib'] * 1048576)})"))
+    embedded, total = emb.get("embedded"), emb.get("total")
+    if embedded is not None and total:
+        line = f"{embedded:,} of {total:,} fragments have vectors ({percent(embedded, total)})"
         if emb.get("skipped"):
-            rows.append(["skipped", f"{emb['skipped']:,} fragments the model cannot embed (still found by bm25)"])
-        if emb.get("state") not in (None, "off", "idle"):
-            line = str(emb["state"])
-            if emb.get("rate"):
-                line += f", {emb['rate']:.1f} fragments/s"
-            if emb.get("eta_seconds"):
-                line += f", about {duration(float(emb['eta_seconds']))} left"
-            if emb.get("error"):
-                line += f": {emb['error']}"
-            rows.append(["background", line])
-        model = str(emb.get("model", "?"))
-        source = emb.get("source")
-        rows.append(["model", f"{source} (identity {model[:16]}…)" if source and source != model else model])
+            line += f"; {emb['skipped']:,} the model cannot embed (still found by bm25)"
+        if emb.get("vectors_loaded") is False:
+            line += "; sealed on disk, loaded on the first vector search"
+        rows.append(("Vectors", line))
+        if emb.get("vector_bytes") is not None:
+            rows.append(("Vector memory", f"{mib(emb['vector_bytes'])} of {cache['max_vector_mib']:g} MiB ({percent(emb['vector_bytes'], cache['max_vector_mib'] * 1048576)})"))
+    state = emb.get("state")
+    if state not in (None, "off", "idle"):
+        line = f"background indexing {state}"
+        if emb.get("rate"):
+            line += f", {emb['rate']:.1f} fragments/s"
+        if emb.get("eta_seconds"):
+            line += f", about {duration(float(emb['eta_seconds']))} left"
+        if emb.get("error"):
+            line += f": {emb['error']}"
+        rows.append(("Embedding", line))
+    if embedded is not None:
+        model, source = str(emb.get("model", "?")), emb.get("source")
+        rows.append(("Model", f"{home_short(str(source))} (identity {model[:16]}…)" if source and source != model else home_short(model)))
     elif emb.get("available"):
-        rows.append(["model", f"{emb.get('model')} (vectors load on first vector search or `rag index`)"])
+        rows.append(("Model", f"{home_short(str(emb.get('model')))} (vectors load on the first vector search or `rag index`)"))
+    elif emb.get("served_by") == "none":
+        rows.append(("Model", f"none, so search is lexical (bm25) only: {emb.get('reason', '')}"))
     else:
-        rows.append(["model", "none: " + emb.get("hint", "")])
-    if emb.get("served_by"):  # which embedder serves this vault and why ([rag] embedding_source)
-        rows.append(["embedding", f"{emb['served_by']}: {emb.get('reason', '')}"])
-    for w in out.get("watch", []):
-        rows.append(["watch", _watch_line(w)])
-    table(["", ""], rows)
+        rows.append(("Model", "none, so search is lexical (bm25) only"))
+    if emb.get("served_by") not in (None, "none"):  # which embedder serves this vault and why ([rag] embedding_source)
+        rows.append(("Served by", f"{emb['served_by']}: {emb.get('reason', '')}"))
+    watches = out.get("watch", [])
+    for i, w in enumerate(watches):
+        rows.append(("Watching" if i == 0 else "", _watch_line(w)))
+    hints: list[tuple[str, str]] = []
+    if out["index"] == "over_cap":
+        hints.append((f"edit [rag.cache] in {STATE.home.config_path}", "raise the cap named above, then run `memories daemon restart`"))
+    if not records:
+        hints.append((cli_command("rag", "ingest", vault, "FOLDER", "-r"), "add Markdown and text files (or `memories memory add`)"))
+    if not emb.get("available"):
+        hints.append((cli_command("rag", "model-install"), "install the embedding model for semantic (vector and hybrid) search"))
+    elif embedded is not None and total and embedded + int(emb.get("skipped") or 0) < total and state not in ("running", "queued"):
+        hints.append((cli_command("rag", "index", vault), "embed the fragments that have no vector yet"))
+    if records and not watches:
+        hints.append((cli_command("rag", "watch", vault, "FOLDER", "-r"), "keep a folder in sync as it changes"))
+    if records:
+        hints.append((cli_command("rag", "search", vault, "QUERY"), "search the vault"))
+    return rows, hints
 
 
 def _watch_line(w: dict[str, Any]) -> str:
     """One watched folder for `rag status`: state, last sync, pending changes, counts, error."""
-    line = f"{w['path']}: {w['state']}"
+    line = f"{home_short(str(w['path']))}: {w['state']}"
     if w.get("last_sync"):
         line += f", last sync {fmt_time(float(w['last_sync']))}"
     if w.get("pending"):
@@ -447,89 +367,8 @@ def index_summary(embedded: int, skipped: int, total: int, seconds: float) -> st
     return line + f". {total - skipped:,} of {total:,} fragments have vectors."
 
 
-@rag_app.command(
-    "ask",
-    epilog="""Examples:
-
-\b
-  memories rag ask notes "When is the dentist appointment?"
-  memories rag ask notes "What did we decide about the roof?" --limit 12
-  memories rag ask notes "Summarise my travel plans" --mode bm25 --json""",
-)
-def ask(
-    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    question: Annotated[str, typer.Argument(help="The question.")],
-    mode: Mode = None,
-    limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
-    match_mode: MatchMode = "any",
-    no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine, else the model's calibrated floor).")] = None,
-) -> None:
-    """Answer a question from the vault, citing its sources.
-
-    Sources are cited as [S1], [S2] after the answer.
-    The answer comes from the [rag.generation] service set in config.toml, given only the fragments
-    found for the question; without evidence it says so instead of guessing.
-    """
-    params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
-    if min_score is not None:
-        params["min_score"] = min_score
-    if mode:
-        params["mode"] = mode
-    out = call("rag.ask", params)
-    if STATE.json:
-        emit_json({k: out[k] for k in ("status", "answer", "mode", "citations", "notices") if k in out})
-        return
-    for n in out.get("notices", []):
-        notice(n)
-    if out["status"] == "insufficient_evidence":
-        print("Insufficient evidence: nothing in the vault matches the question.")
-        return
-    echo(out["answer"])
-    table(
-        ["", "TITLE", "RECORD@REV", "BYTES", "SOURCE"],
-        [[f"[{c['label']}]", c["title"], f"{c['record_id']}@{c['revision']}", f"{c['start']}-{c['end']}", home_short(c.get("source") or "")] for c in out["citations"]],
-    )
-
-
-@rag_app.command("context")
-def context(
-    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    query: Annotated[str, typer.Argument(help="What the assistant is about to work on.")],
-    budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [rag] context_budget = 1000).")] = None,
-    kind: Kind = None,
-    category: Category = None,
-    tag: Tag = None,
-    since: Since = None,
-    until: Until = None,
-    speaker: Speaker = None,
-    mode: Mode = None,
-) -> None:
-    """Build a context pack for an assistant, within a token budget.
-
-    The profile and preference facts come first, then the memories most relevant to the query (hybrid
-    search by default), each labelled [S1], [S2]... and always whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
-    --until, --speaker) apply to every item, profile facts included. Prints plain text ready to paste into a
-    prompt; --json gives the items with their token counts and byte ranges (start, end)."""
-    params: dict[str, Any] = {"vault": vault, "query": query}
-    params.update(_filters(kind, category, tag, since, until, speaker))
-    if budget is not None:
-        params["budget"] = budget
-    if mode:
-        params["mode"] = mode
-    out = call("rag.context", params)
-    if STATE.json:
-        emit_json({k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "items", "left_out", "text", "notices") if k in out})
-        return
-    for n in out.get("notices", []):
-        notice(n)
-    if not out["items"]:
-        notice("nothing to put in the pack: no profile facts, and nothing relevant found")
-        return
-    sys.stdout.write(safe_text(out["text"], multiline=True))
-    counted = "tokens" if out.get("tokenizer") == "model" else "tokens (estimated)"
-    left = f"; {out['left_out']} more left out" if out.get("left_out") else ""
-    notice(f"{len(out['items'])} items, {out['used_tokens']:,} of {out['budget']:,} {counted}{left}")
+rag_app.command("ask", epilog=search_cmds.ASK_EPILOG)(search_cmds.ask)
+rag_app.command("context")(search_cmds.context)
 
 
 @rag_app.command("model-install")
@@ -562,40 +401,10 @@ def model_install(
         notice(out["notice"])
 
 
-def memory_search(
-    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    query: Annotated[str, typer.Argument(help="What to look for.")],
-    limit: Limit = 10,
-    match_mode: MatchMode = "any",
-    cards_only: CardsOnly = False,
-    since: Since = None,
-    until: Until = None,
-    speaker: Speaker = None,
-) -> None:
-    """Lexical search, one line per record.
-
-    Each line shows the title, id@revision, score and a snippet, cut to the terminal's width (100 columns when piped; --json has the whole snippet).
-    --since, --until and --speaker narrow it as for `rag search` (with --speaker, the snippet is an
-    excerpt by the speaker).
-    """
-    params: dict[str, Any] = {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only}
-    params.update(_filters(None, None, None, since, until, speaker))
-    out = call("memory.search", params)
-    if STATE.json:
-        emit_json({"results": out["results"], "ignored_terms": out["ignored_terms"]})
-        return
-    if not out["results"]:
-        notice("nothing found")
-        return
-    from .memory_cmds import print_record_lines
-
-    print_record_lines(out["results"])
-
-
 def register(app: typer.Typer) -> None:
     from .memory_cmds import memory_app
 
-    memory_app.command("search")(memory_search)
+    memory_app.command("search", epilog=search_cmds.MEMORY_SEARCH_EPILOG)(search_cmds.memory_search)
     app.add_typer(rag_app, name="rag")
 
 

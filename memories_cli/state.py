@@ -20,6 +20,7 @@ from memoriesd.home import Home, resolve_home
 class State:
     home_arg: str | None = None
     json: bool = False
+    color: str = "auto"  # --color auto|always|never (memories_cli.render.use_color)
 
     @property
     def home(self) -> Home:
@@ -93,16 +94,30 @@ def notice(text: str) -> None:
 
 
 def console() -> Any:
+    """A rich console for stdout: colour only where :func:`memories_cli.render.use_color` allows it."""
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    from .render import use_color
+
+    color = use_color()
+    return Console(highlight=False, soft_wrap=False, no_color=not color, color_system="auto" if color else None)
 
 
 def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
+    """A table: boxed on a terminal, plain aligned columns in a pipe (no box drawing)."""
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(title=Text(safe_text(title)) if title else None, show_lines=False)
+    boxed = sys.stdout.isatty() and STATE.color != "never"
+    t = Table(
+        title=Text(safe_text(title)) if title else None,
+        show_lines=False,
+        box=box.SQUARE if boxed else None,
+        show_edge=boxed,
+        pad_edge=boxed,
+        header_style="bold" if boxed else "",
+    )
     for c in columns:
         t.add_column(Text(c), overflow="fold")
     for r in rows:  # Text(): user data is never read as rich markup; safe_text: nor as terminal controls

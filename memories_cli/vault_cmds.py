@@ -12,6 +12,7 @@ import typer
 
 from memoriesd.errors import DaemonUnreachable, MemoriesError, UsageError
 
+from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit
 from .state import (
     STATE,
     call,
@@ -65,13 +66,30 @@ def create(
 
 
 @vault_app.command("list")
-def list_() -> None:
+def list_(format_: PlainFormatOpt = None, color: ColorOpt = "auto") -> None:
     """List vaults (names are readable while locked)."""
+    fmt = chosen(format_, color)
     out = call("vault.list")
-    if STATE.json:
-        emit_json({"vaults": out["vaults"]})
-        return
-    table(["VAULT_ID", "NAME", "STATE"], [[v["vault_id"], v["name"], _state(v)] for v in out["vaults"]])
+
+    def text() -> None:
+        if not out["vaults"]:
+            notice(f"There are no vaults yet: create one with `{cli_command('vault', 'create', 'NAME')}`.")
+            return
+        table(["VAULT_ID", "NAME", "STATE"], [[v["vault_id"], v["name"], _state(v)] for v in out["vaults"]])
+
+    emit(fmt, Listing(
+        document={"vaults": out["vaults"]},
+        items=out["vaults"],
+        columns=("vault_id", "name", "locked"),
+        text=text,
+        md_item=_md_vault,
+    ))
+
+
+def _md_vault(v: dict[str, Any]) -> str:
+    from .formats import md_escape
+
+    return f"- **{md_escape(str(v['name']))}** `{v['vault_id']}`: {_state(v)}" + (f", {v['records']:,} records" if v.get("records") is not None else "")
 
 
 def _state(v: dict[str, Any]) -> str:
@@ -81,26 +99,58 @@ def _state(v: dict[str, Any]) -> str:
 
 
 @vault_app.command("status")
-def status(vault: Annotated[str | None, typer.Argument(help="Vault id or name (default: all).")] = None) -> None:
-    """Show whether vaults are locked, and details of unlocked ones."""
+def status(
+    vault: Annotated[str | None, typer.Argument(help="Vault id or name (default: all).")] = None,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
+) -> None:
+    """Show whether vaults are locked, and a summary of each unlocked one.
+
+    Its records, log size and policy, then the next step (unlock it, search it, see `rag status`).
+    """
+    fmt = chosen(format_, color)
     out = call("vault.status", {"vault": vault} if vault else {})
-    if STATE.json:
-        emit_json(out)
-        return
     rows = out["vaults"] if "vaults" in out else [out]
-    table(
-        ["VAULT_ID", "NAME", "STATE", "RECORDS", "DEVICE-ONLY"],
-        [
-            [
-                v["vault_id"],
-                v["name"],
-                _state(v),
-                "" if v.get("records") is None else f"{v['records']:,}",
-                "" if v["locked"] else ("on" if v.get("device_only") else "off"),
-            ]
-            for v in rows
-        ],
-    )
+
+    def text() -> None:
+        if not rows:
+            notice(f"There are no vaults yet: create one with `{cli_command('vault', 'create', 'NAME')}`.")
+        for i, v in enumerate(rows):
+            if i:
+                print()
+            _print_vault(v)
+
+    emit(fmt, Listing(
+        document=out,
+        items=rows,
+        columns=("vault_id", "name", "locked", "records", "device_only", "log_bytes"),
+        text=text,
+        md_item=_md_vault,
+    ))
+
+
+def _print_vault(v: dict[str, Any]) -> None:
+    """One vault's summary: its state, records, log size and policy, and what to do next."""
+    from .render import mib, print_summary
+
+    ref = str(v["name"])
+    rows: list[tuple[str, str]] = [("State", _state(v))]
+    hints: list[tuple[str, str]] = []
+    if v.get("corrupt"):
+        hints.append(("see SECURITY.md, Recovery", "its header cannot be read"))
+    elif v["locked"]:
+        hints.append((cli_command("vault", "unlock", ref), "unlock it to read, search or change it"))
+    else:
+        rows.append(("Records", f"{v.get('records', 0):,}"))
+        if v.get("log_bytes") is not None:
+            rows.append(("Log", mib(float(v["log_bytes"])) + " (sealed on disk)"))
+        rows.append(("Device-only", "on: its text never leaves this machine" if v.get("device_only") else "off"))
+        if v.get("records"):
+            hints.append((cli_command("rag", "search", ref, "QUERY"), "search it"))
+            hints.append((cli_command("rag", "status", ref), "documents, fragments, vectors and caps"))
+        else:
+            hints.append((cli_command("rag", "ingest", ref, "FOLDER", "-r"), "add Markdown and text files"))
+    print_summary(f"Vault {v['name']} ({v['vault_id']})", rows, hints)
 
 
 @vault_app.command("unlock")

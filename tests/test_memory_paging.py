@@ -82,16 +82,18 @@ def test_memory_list_over_the_socket_without_a_limit_returns_every_record(listed
 
 
 @pytest.mark.parametrize("columns", ["60", ""])  # "": not a terminal, so 100 columns
-def test_memory_search_prints_one_line_per_record_cut_to_the_width(listed: Listed, columns: str) -> None:
+def test_memory_search_prints_a_block_per_record_cut_to_the_width(listed: Listed, columns: str) -> None:
     long = "walrus " + "very long text about a walrus on the ice " * 20
     listed.d.call("memory.add", {"vault": listed.vid, "title": "长城 walrus 的故事" * 3, "body": long})
     r = run_cli(listed.d.home, "memory", "search", listed.vid, "walrus", env={"COLUMNS": columns})
     assert r.returncode == 0, r.stderr
     found = json.loads(run_cli(listed.d.home, "--json", "memory", "search", listed.vid, "walrus").stdout)["results"]
-    lines = r.stdout.splitlines()
-    assert len(lines) == len(found) >= 8
+    blocks = r.stdout.rstrip("\n").split("\n\n")
+    assert len(blocks) == len(found) >= 8
     width = int(columns or 100)
-    assert all(cell_len(line) <= width for line in lines), lines
-    for line, hit in zip(lines, found, strict=True):
-        assert f"{hit['id']}@{hit['revision']}" in line and f"{hit['score']:.4f}" in line
-    assert any(line.endswith("\u2026") for line in lines)  # the long snippet was cut, visibly
+    assert all(cell_len(line) <= width for line in r.stdout.splitlines()), r.stdout
+    for i, (block, hit) in enumerate(zip(blocks, found, strict=True), start=1):
+        head, where, *snippet = block.splitlines()
+        assert head.startswith(f"{i}. ") and where.strip() == f"record {hit['id']}" and 1 <= len(snippet) <= 4
+    if columns == "60":  # the wide title was cut, visibly
+        assert any(block.splitlines()[0].endswith("\u2026") for block in blocks), r.stdout

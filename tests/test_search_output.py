@@ -120,19 +120,19 @@ def test_a_grant_scoped_search_gives_n_visible_records(vault: Vault) -> None:
         assert set(ids) <= allowed and vault.private not in ids
 
 
-def test_rag_search_table_shows_each_fragments_fingerprint(vault: Vault) -> None:
+def test_rag_search_verbose_shows_each_fragments_fingerprint_record_and_bytes(vault: Vault) -> None:
     args = ("rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "5")
     results = cli_json(vault.d.home, *args)["results"]
     assert len(results) == 5
-    r = run_cli(vault.d.home, *args, env=WIDE)
+    plain = run_cli(vault.d.home, *args, env=WIDE)
+    assert plain.returncode == 0, plain.stderr
+    r = run_cli(vault.d.home, *args, "--verbose", env=WIDE)
     assert r.returncode == 0, r.stderr
-    assert "FINGERPRINT" in r.stdout
-    for res in results:
+    blocks = r.stdout.rstrip("\n").split("\n\n")
+    assert len(blocks) == 5
+    for res, block in zip(results, blocks, strict=True):
         assert re.fullmatch(r"[0-9a-f]{32}", res["fingerprint"])
-        lines = [line for line in r.stdout.splitlines() if f"[{res['label']}]" in line]
-        assert len(lines) == 1, r.stdout
-        line = lines[0]
-        assert res["fingerprint"][:12] in line
-        assert f"{res['record_id']}@{res['revision']}" in line
-        assert f"{res['start']}-{res['end']}" in line
-        assert f"{res['score']:.4f}" in line
+        assert block.startswith(f"[{res['label']}] ")
+        assert f"fingerprint {res['fingerprint'][:12]}" in block and res["fingerprint"][:12] not in plain.stdout
+        assert f"record {res['record_id']}@{res['revision']}" in block
+        assert f"bytes {res['start']}-{res['end']}" in block and f"score {res['score']:.4f}" in block

@@ -163,7 +163,7 @@ def test_status_reports_embedded_count_after_restart_without_loading(home: Path)
         assert st["index"] == "none"  # no BM25 index was built for it
         human = run_cli(home, "rag", "status", vid, env={"COLUMNS": "300"})
         assert human.returncode == 0, human.stderr
-        assert "5 / 6 fragments, 0.00 MiB (cap 128 MiB), sealed on disk, not loaded yet" in human.stdout
+        assert "5 of 6 fragments have vectors (83%); sealed on disk, loaded on the first vector search" in human.stdout
         log = d.log_text()[mark:]
         assert "local embedding model loaded" not in log and "sealed vectors" not in log
         # Loading gives the same identity and count.

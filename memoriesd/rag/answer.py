@@ -122,6 +122,7 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
                 "start": frag.start,
                 "end": frag.end,
                 "source": doc.source,
+                "line": outcome.line(doc, frag.start),
             }
         )
     if answer.parsed.insufficient and not citations:

@@ -70,6 +70,25 @@ class SearchOutcome:
     # The fragments this search found, as they were when found (a change during the search
     # releases them from the index, never from a result).
     frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
+    # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).
+    scale: str | None = None
+    _bodies: dict[tuple[str, int], bytes] = field(default_factory=dict)
+
+    def line(self, doc: Any, start: int) -> int | None:
+        """The 1-based line of the record body at byte ``start`` (a card's line in its source file)."""
+        key = (doc.record_id, doc.revision)
+        if key not in self._bodies:
+            from ..errors import MemoriesError
+
+            try:
+                self._bodies[key] = self.index.store.get(doc.record_id, doc.revision).body.encode("utf-8")
+            except MemoriesError:
+                return None
+        return self._bodies[key].count(b"\n", 0, start) + 1
+
+    def relevance(self, score: float) -> int | None:
+        return None if self.scale is None else round(100 * min(1.0, max(0.0, score)))
 
     def fragment(self, frag_id: int) -> tuple[Any, Any] | None:
         return self.frags.get(frag_id) or self.index.get_fragment(frag_id)
@@ -262,6 +281,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
             for i, fid in enumerate(vec_ids)
         ]
         hits = _above_floor(hits, floor, out)[: req.limit]
+        out.scale = "unit"
     else:
         fused = fuse(
             bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles,
@@ -274,6 +294,8 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
             fused = rerank(engine, store, req.query, fused[:n_cand], ctx, embedder=embedder)
         out.timings["rerank_ms"] = (time.perf_counter() - t_rr) * 1000
         hits = fused[: req.limit]
+        if (req.fusion or engine.config.rag.fusion) == "convex" and not (req.rerank and engine.config.rag.rerank.configured):
+            out.scale = "unit"
     out.hits = hits
     out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
     return out
@@ -365,12 +387,14 @@ def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
                 "start": frag.start,
                 "end": frag.end,
                 "score": round(float(score), 6),
+                "relevance": out.relevance(float(score)),
                 "fused_score": round(float(c.score), 6) if out.mode == "hybrid" else None,
                 "bm25_rank": c.bm25_rank,
                 "vector_rank": c.vector_rank,
                 "cosine": None if c.cosine is None else round(float(c.cosine), 6),
                 "text": frag.text,
                 "source": doc.source,
+                "line": out.line(doc, frag.start),
             }
             | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
         )
@@ -394,8 +418,10 @@ def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
             "kind": doc.kind,
             "title": doc.title,
             "score": round(float(score), 6),
+            "relevance": out.relevance(float(score)),
             "snippet": snippet(frag.text),
             "source": doc.source,
+            "line": out.line(doc, frag.start),
         } | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
         if len(seen) >= limit:
             break

@@ -1,0 +1,341 @@
+"""How results and summaries look on a terminal (the `text` format): the one place for it.
+
+A search result is a block: its label, score and title on one line, then where it is
+(``~/notes/garden.md:12``, or the record id of a note without a file), then a snippet of a few
+lines around the best match, the query's words highlighted, wrapped to the terminal's width::
+
+    [S1] 87%  Garden soil notes
+        ~/notes/garden.md:12
+        …the soil in the raised beds needs compost every spring; test the pH
+        before planting…
+
+Ids, revisions, fingerprints and byte ranges are added with ``--verbose``. Colour and bold go to
+a terminal only: never into a pipe, never with ``NO_COLOR`` set, unless ``--color always``. Every
+piece of user data passes :func:`memories_cli.state.safe_text` before any style is added, so a
+title can never drive the terminal. Nothing heavy is imported here (start-up time): ``rich.cells``
+only when something is measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .state import STATE, safe_text
+
+#: Width when stdout is not a terminal and COLUMNS is unset.
+PIPED_COLUMNS = 100
+#: Lines of snippet under a result.
+SNIPPET_LINES = 3
+#: Indent of a result's detail lines.
+INDENT = "    "
+
+_STOP = frozenset(
+    "a an and are as at be by can de did do does for from had has have how i in is it its me my no not of on or our "
+    "should so that the their them then there these they this to us was we were what when where which who why will "
+    "with you your".split()
+)
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+
+
+@functools.cache
+def _cjk_run() -> re.Pattern[str]:
+    """A run of CJK characters (compiled on first use: these classes take milliseconds to compile)."""
+    return re.compile(f"[{_CJK}]+")
+
+
+@functools.cache
+def _word() -> re.Pattern[str]:
+    return re.compile(rf"[^\W{_CJK}]+")
+
+
+def use_color(choice: str | None = None) -> bool:
+    """Colour and bold for stdout: ``--color always|never``, else (auto) a terminal without ``NO_COLOR``."""
+    choice = choice or STATE.color
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout.isatty()
+
+
+def width() -> int:
+    """Terminal cells per line: COLUMNS, else the terminal's, else :data:`PIPED_COLUMNS` (never under 40)."""
+    return max(40, shutil.get_terminal_size((PIPED_COLUMNS, 24)).columns)
+
+
+def cells(text: str) -> int:
+    from rich.cells import cell_len
+
+    return int(cell_len(text))
+
+
+@dataclass(frozen=True)
+class Style:
+    """ANSI styles, or nothing at all when colour is off."""
+
+    color: bool
+
+    def _sgr(self, code: str, text: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
+
+    def label(self, text: str) -> str:
+        return self._sgr("1;36", text)
+
+    def title(self, text: str) -> str:
+        return self._sgr("1", text)
+
+    def score(self, text: str) -> str:
+        return self._sgr("32", text)
+
+    def where(self, text: str) -> str:
+        return self._sgr("35", text)
+
+    def dim(self, text: str) -> str:
+        return self._sgr("2", text)
+
+    def hit(self, text: str) -> str:
+        return self._sgr("1;33", text)
+
+
+def style() -> Style:
+    return Style(use_color())
+
+
+# ------------------------------------------------------------------------------ text
+
+
+def cut(text: str, room: int) -> str:
+    """``text`` in at most ``room`` cells, cut with "…" when longer (wide CJK characters count two)."""
+    if cells(text) <= room:
+        return text
+    from rich.cells import set_cell_size
+
+    return str(set_cell_size(text, max(0, room - 1))).rstrip() + "\u2026"
+
+
+def wrap(text: str, room: int) -> list[str]:
+    """``text`` (one paragraph) in lines of at most ``room`` cells: at spaces, and inside a word only
+    when it is longer than a line or a run of CJK characters (which has no spaces between words)."""
+    lines: list[str] = []
+    cur, used = "", 0
+    for word in text.split():
+        w = cells(word)
+        gap = 1 if cur else 0
+        if used + gap + w <= room:
+            cur, used = cur + " " * gap + word, used + gap + w
+            continue
+        if w > room or _cjk_run().search(word):
+            if cur and used + 2 <= room:  # go on on this line
+                cur, used = cur + " ", used + 1
+            elif cur:
+                lines.append(cur)
+                cur, used = "", 0
+            for ch in word:
+                c = cells(ch)
+                if used + c > room:
+                    lines.append(cur.rstrip())
+                    cur, used = "", 0
+                cur, used = cur + ch, used + c
+            continue
+        lines.append(cur)
+        cur, used = word, w
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def join_wrapped(pieces: Sequence[str], room: int, sep: str = " \u00b7 ") -> list[str]:
+    """``pieces`` joined with ``sep`` in lines of at most ``room`` cells, never breaking a piece
+    (unless it alone is longer than a line)."""
+    lines: list[str] = []
+    cur = ""
+    for piece in pieces:
+        if cur and cells(cur + sep + piece) > room:
+            lines.append(cur)
+            cur = ""
+        cur = cur + sep + piece if cur else piece
+    if cur:
+        lines.append(cur)
+    return [part for line in lines for part in (wrap(line, room) if cells(line) > room else [line])]
+
+
+def query_terms(query: str) -> list[str]:
+    """The words of a query worth highlighting (no stop words; CJK runs as they are and as pairs)."""
+    folded = query.casefold()
+    out = [w for w in _word().findall(folded) if len(w) > 1 and w not in _STOP]
+    for run in _cjk_run().findall(folded):
+        out.append(run)
+        out.extend(run[i : i + 2] for i in range(len(run) - 1) if len(run) > 2)
+    return list(dict.fromkeys(out))
+
+
+def term_pattern(terms: Sequence[str]) -> re.Pattern[str] | None:
+    """Matches any term: a latin word and the words it begins (garden, gardens), a CJK run anywhere."""
+    if not terms:
+        return None
+    parts = []
+    for t in sorted(terms, key=len, reverse=True):
+        parts.append(re.escape(t) if _cjk_run().fullmatch(t) else rf"(?<!\w){re.escape(t)}\w*")
+    return re.compile("|".join(parts), re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    lines: list[str]
+    line_offset: int  # line breaks in the text before the best match
+
+
+def snippet(text: str, pattern: re.Pattern[str] | None, room: int, max_lines: int = SNIPPET_LINES) -> Snippet:
+    """Up to ``max_lines`` wrapped lines of ``text`` around the place that holds the most distinct
+    query terms, "…" where the text goes on."""
+    budget = room * max_lines
+    matches = list(pattern.finditer(text)) if pattern is not None else []
+    start = 0
+    best_at = 0
+    if matches:
+        best, best_n = matches[0], 0
+        for m in matches:
+            window = {x.group().casefold() for x in matches if m.start() <= x.start() < m.start() + budget}
+            if len(window) > best_n:
+                best, best_n = m, len(window)
+        best_at = best.start()
+        if len(" ".join(text[:best_at].split())) > budget // 2:  # the match would not show: start before it
+            start = max(0, best_at - budget // 5)
+            space = re.search(r"\s", text[start:best_at])
+            start = start + space.end() if space else start
+    flat = " ".join(text[start:].split())
+    lines = wrap(("\u2026" if start else "") + flat, room)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = cut(lines[-1] + " \u2026", room)
+    return Snippet(lines, text.count("\n", 0, best_at))
+
+
+def highlight(line: str, pattern: re.Pattern[str] | None, st: Style) -> str:
+    if pattern is None or not st.color:
+        return line
+    return pattern.sub(lambda m: st.hit(m.group()), line)
+
+
+def home_short(path: str) -> str:
+    """An absolute path as text output shows it: under the home directory as ``~/...`` (``--json`` keeps it whole)."""
+    home = os.path.expanduser("~").rstrip(os.sep)
+    if home and home != "~" and path.startswith(home + os.sep):
+        return "~" + path[len(home) :]
+    return path
+
+
+def location(source: str | None, line: int | None) -> str:
+    """``~/notes/garden.md:12`` (the line when known)."""
+    if not source:
+        return ""
+    return home_short(source) + (f":{line}" if line else "")
+
+
+def score_text(r: dict[str, Any]) -> str:
+    """A 0-100 relevance where the search mode gives one (``87%``), else the raw score."""
+    rel = r.get("relevance")
+    if isinstance(rel, (int, float)):
+        return f"{int(rel)}%"
+    score = r.get("score")
+    return f"score {float(score):.3g}" if isinstance(score, (int, float)) else ""
+
+
+# ------------------------------------------------------------------------------ blocks
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a result block shows, whatever command found it."""
+
+    label: str
+    title: str
+    score: str = ""
+    source: str | None = None
+    line: int | None = None
+    record: str = ""  # the record id: shown when there is no file, and with --verbose
+    text: str = ""  # the passage to take the snippet from ("" = no snippet)
+    details: tuple[str, ...] = ()  # --verbose: ids, revisions, fingerprints, byte ranges
+
+
+def print_results(results: Iterable[Result], query: str, *, verbose: bool = False) -> None:
+    """Every result as a block, a blank line between blocks."""
+    st = style()
+    room = width()
+    pattern = term_pattern(query_terms(query))
+    out = sys.stdout
+    for i, r in enumerate(results):
+        if i:
+            out.write("\n")
+        head = st.label(r.label) + " " + (st.score(r.score) + "  " if r.score else " ")
+        head_cells = cells(r.label) + 1 + (cells(r.score) + 2 if r.score else 1)
+        out.write(head + st.title(cut(safe_text(r.title) or "(untitled)", room - head_cells)) + "\n")
+        snip = snippet(safe_text(r.text, multiline=True), pattern, room - len(INDENT)) if r.text else None
+        line = r.line + snip.line_offset if r.line and snip is not None else r.line
+        where = location(r.source, line) if r.source else (f"record {r.record}" if r.record else "")
+        if where:
+            out.write(INDENT + st.where(cut(safe_text(where), room - len(INDENT))) + "\n")
+        if verbose and r.details:
+            for piece in join_wrapped(r.details, room - len(INDENT)):
+                out.write(INDENT + st.dim(piece) + "\n")
+        for text_line in snip.lines if snip is not None else []:
+            out.write(INDENT + highlight(text_line, pattern, st) + "\n")
+
+
+def print_summary(title: str, rows: Sequence[tuple[str, str]], hints: Sequence[tuple[str, str]] = ()) -> None:
+    """A titled summary: ``Label   value`` rows (values wrapped under themselves), then the next steps."""
+    st = style()
+    room = width()
+    out = sys.stdout
+    out.write(st.title(safe_text(title)) + "\n")
+    label_cells = max((cells(k) for k, _ in rows), default=0) + 2
+    for key, value in rows:
+        pad = " " * (label_cells - cells(key))
+        lines = wrap(safe_text(value), max(20, room - 2 - label_cells)) or [""]
+        out.write("  " + st.dim(key) + pad + lines[0] + "\n")
+        for more in lines[1:]:
+            out.write("  " + " " * label_cells + more + "\n")
+    if hints:
+        out.write("\n" + st.title("Next") + "\n")
+        for command, why in hints:
+            out.write(f"  {st.label(safe_text(command))}\n" + (f"      {st.dim(safe_text(why))}\n" if why else ""))
+
+
+def percent(used: float, cap: float) -> str:
+    """``12%`` of a cap (``<1%`` for a little, never ``0%`` for something)."""
+    if cap <= 0:
+        return "?"
+    share = 100 * used / cap
+    return "<1%" if 0 < share < 1 else f"{share:.0f}%"
+
+
+def mib(n: float) -> str:
+    """A size: ``1.2 MiB``, ``34 KiB``, ``512 bytes``."""
+    if n >= 104858:
+        return f"{n / 1048576:,.1f} MiB"
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"
+
+
+__all__ = [
+    "Callable",
+    "Result",
+    "Style",
+    "cut",
+    "home_short",
+    "location",
+    "print_results",
+    "print_summary",
+    "query_terms",
+    "score_text",
+    "snippet",
+    "use_color",
+    "width",
+    "wrap",
+]

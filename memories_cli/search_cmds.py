@@ -1,0 +1,331 @@
+"""`memories rag search`, `rag ask`, `rag context` and `memory search`: what finds things.
+
+Each builds a :class:`memories_cli.formats.Listing` from the daemon's reply; the formats and the
+text layout (result blocks) live in :mod:`memories_cli.formats` and :mod:`memories_cli.render`.
+The commands are registered on the `rag` and `memory` groups by :func:`memories_cli.rag_cmds.register`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Literal
+
+import typer
+
+from .conversation_cmds import titled
+from .formats import ColorOpt, FormatOpt, Listing, VerboseOpt, chosen, emit, md_item
+from .render import Result, print_results, score_text
+from .state import call, echo, notice, safe_text
+
+SearchMode = Literal["bm25", "vector", "hybrid"]  # memoriesd.rag.search.MODES
+Mode = Annotated[SearchMode | None, typer.Option("--mode", help="Lexical, semantic or both (default: hybrid when an embedding model is usable for this vault, else bm25).")]
+MatchMode = Annotated[Literal["any", "all", "phrase"], typer.Option("--match-mode", help="Any term, every term, or the exact phrase.")]
+Limit = Annotated[int, typer.Option("--limit", help="How many results (1-100).")]
+CardsOnly = Annotated[bool, typer.Option("--cards-only", help="Only ingested knowledge cards.")]
+NoRerank = Annotated[bool, typer.Option("--no-rerank", help="Skip reranking (light heuristic or the configured service).")]
+# Repeatable options cannot be a typer Choice: the metavar lists what the daemon accepts (memoriesd.rag.filters).
+Kind = Annotated[list[str] | None, typer.Option("--kind", metavar="[memory|card|fact|conversation]", help="Only records of this kind (repeatable: any of them).")]
+Category = Annotated[list[str] | None, typer.Option("--category", metavar="[profile|preference|decision|pattern|fact]", help="Only facts of this category (repeatable: any of them).")]
+Tag = Annotated[list[str] | None, typer.Option("--tag", metavar="TAG", help="Only records with this tag (repeatable: every one of them).")]
+Since = Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD): a conversation's session date, else front matter date:, else the day the record was created.")]
+Until = Annotated[str | None, typer.Option("--until", metavar="DATE", help="Only records dated on or before this ISO date (YYYY-MM-DD).")]
+Speaker = Annotated[list[str] | None, typer.Option("--speaker", metavar="NAME", help="Only conversation excerpts holding a turn by this speaker (case-insensitive; repeatable: any of them).")]
+
+#: Hex characters of a fragment's fingerprint in `--verbose` text (JSON has all 32).
+FINGERPRINT_SHOWN = 12
+
+#: CSV columns (item keys) of each listing.
+SEARCH_COLUMNS = ("label", "relevance", "score", "title", "source", "line", "record_id", "revision", "kind", "start", "end", "fingerprint", "text")
+MEMORY_COLUMNS = ("id", "revision", "kind", "title", "relevance", "score", "source", "line", "snippet")
+CITATION_COLUMNS = ("label", "title", "source", "line", "record_id", "revision", "start", "end")
+CONTEXT_COLUMNS = ("label", "block", "kind", "category", "title", "source", "score", "tokens", "record_id", "revision", "start", "end", "text")
+
+
+def filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None, speaker: list[str] | None = None) -> dict[str, Any]:
+    """The request params of --kind, --category, --tag, --since, --until and --speaker (the daemon validates them)."""
+    out: dict[str, Any] = {}
+    if speaker:
+        out["speakers"] = speaker
+    if kind:
+        out["kinds"] = kind
+    if category:
+        out["categories"] = category
+    if tag:
+        out["tags"] = tag
+    if since is not None:
+        out["since"] = since
+    if until is not None:
+        out["until"] = until
+    return out
+
+
+def _notices(out: dict[str, Any]) -> None:
+    for n in out.get("notices", []):
+        notice(n)
+
+
+def _score_md(r: dict[str, Any]) -> str:
+    return score_text(r)
+
+
+def fragment_result(r: dict[str, Any]) -> Result:
+    """A `rag search` result as a block (``--verbose`` details: record@revision, fingerprint, bytes, ranks)."""
+    details = [f"record {r['record_id']}@{r['revision']}", f"{r.get('kind') or 'record'}"]
+    if r.get("fingerprint"):
+        details.append(f"fingerprint {str(r['fingerprint'])[:FINGERPRINT_SHOWN]}")
+    details.append(f"bytes {r['start']}-{r['end']}")
+    details.append(f"score {r['score']:.4f}")
+    for key, name in (("bm25_rank", "bm25 #"), ("vector_rank", "vector #")):
+        if r.get(key):
+            details.append(f"{name}{r[key]}")
+    if r.get("cosine") is not None:
+        details.append(f"cosine {r['cosine']:.3f}")
+    return Result(
+        label=f"[{r['label']}]", title=titled(r), score=score_text(r), source=r.get("source"), line=r.get("line"),
+        record=str(r["record_id"]), text=str(r.get("text") or ""), details=tuple(details),
+    )
+
+
+def print_fragments(out: dict[str, Any], query: str, *, verbose: bool = False) -> None:
+    _notices(out)
+    if not out["results"]:
+        notice("nothing relevant found")
+        return
+    print_results([fragment_result(r) for r in out["results"]], query, verbose=verbose)
+    notice(f"{len(out['results'])} result{'s' if len(out['results']) != 1 else ''} ({out['mode']})")
+
+
+def search(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    mode: Mode = None,
+    match_mode: MatchMode = "any",
+    limit: Limit = 10,
+    cards_only: CardsOnly = False,
+    no_rerank: NoRerank = False,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [rag] ask_min_cosine); -1 shows the nearest fragments however far.")] = None,
+    rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
+    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
+    fusion: Annotated[Literal["convex", "rrf"] | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
+    kind: Kind = None,
+    category: Category = None,
+    tag: Tag = None,
+    since: Since = None,
+    until: Until = None,
+    speaker: Speaker = None,
+    format_: FormatOpt = None,
+    verbose: VerboseOpt = False,
+    color: ColorOpt = "auto",
+) -> None:
+    """Search fragments, best first, with citation labels.
+
+    Each result shows its label ([S1], [S2]...), its relevance (0-100% for vector and hybrid
+    search, else the raw BM25 or fusion score), its title, its file and line (or the record id of a
+    note without a file) and a few lines around the best match; --verbose adds the record, revision,
+    fingerprint and byte range. The filters (--kind, --category, --tag, --since, --until,
+    --speaker) narrow both the lexical and the vector candidates before they are ranked. For one
+    result per record, see `memories memory search`.
+
+    Vector and hybrid search leave out fragments that match neither the query's words nor, above the
+    model's relevance floor, its meaning: a query on nothing in the vault says "nothing relevant found"
+    (exit 0). --min-score -1 shows the nearest fragments anyway.
+    """
+    fmt = chosen(format_, color)
+    params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
+    params.update(filters(kind, category, tag, since, until, speaker))
+    for key, value in (("mode", mode), ("min_score", min_score), ("rrf_k", rrf_k), ("vector_weight", vector_weight), ("fusion", fusion)):
+        if value is not None:
+            params[key] = value
+    out = call("rag.search", params)
+    emit(fmt, Listing(
+        document={"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]},
+        items=out["results"],
+        columns=SEARCH_COLUMNS,
+        text=lambda: print_fragments(out, query, verbose=verbose),
+        md_item=lambda r: md_item(r, label=str(r["label"]), extra=_score_md(r), quote=str(r.get("text") or "")),
+        notices=out["notices"],
+    ))
+
+
+def memory_search(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    limit: Limit = 10,
+    match_mode: MatchMode = "any",
+    cards_only: CardsOnly = False,
+    since: Since = None,
+    until: Until = None,
+    speaker: Speaker = None,
+    format_: FormatOpt = None,
+    verbose: VerboseOpt = False,
+    color: ColorOpt = "auto",
+) -> None:
+    """Lexical search, one result per record, best first.
+
+    Each result shows its rank, score, title, file and line (or the record id of a note without a
+    file) and a snippet of its best passage; --verbose adds the id@revision. --since, --until and
+    --speaker narrow it as for `rag search` (with --speaker, the snippet is an excerpt by the speaker).
+    """
+    fmt = chosen(format_, color)
+    params: dict[str, Any] = {"vault": vault, "query": query, "limit": limit, "match_mode": match_mode, "cards_only": cards_only}
+    params.update(filters(None, None, None, since, until, speaker))
+    out = call("memory.search", params)
+
+    def text() -> None:
+        if not out["results"]:
+            notice("nothing found")
+            return
+        print_results(
+            [
+                Result(
+                    label=f"{i}.", title=titled(r), score=score_text(r), source=r.get("source"), line=r.get("line"),
+                    record=str(r["id"]), text=str(r.get("snippet") or ""),
+                    details=(f"record {r['id']}@{r['revision']}", str(r.get("kind") or ""), f"score {r['score']:.4f}"),
+                )
+                for i, r in enumerate(out["results"], start=1)
+            ],
+            query,
+            verbose=verbose,
+        )
+
+    emit(fmt, Listing(
+        document={"results": out["results"], "ignored_terms": out["ignored_terms"]},
+        items=out["results"],
+        columns=MEMORY_COLUMNS,
+        text=text,
+        md_item=lambda r: md_item(r, extra=_score_md(r), quote=str(r.get("snippet") or "")),
+    ))
+
+
+def ask(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    question: Annotated[str, typer.Argument(help="The question.")],
+    mode: Mode = None,
+    limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
+    match_mode: MatchMode = "any",
+    no_rerank: NoRerank = False,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine, else the model's calibrated floor).")] = None,
+    format_: FormatOpt = None,
+    verbose: VerboseOpt = False,
+    color: ColorOpt = "auto",
+) -> None:
+    """Answer a question from the vault, citing its sources.
+
+    The answer comes first, then its sources [S1], [S2]... with their files and lines.
+    The answer comes from the [rag.generation] service set in config.toml, given only the fragments
+    found for the question; without evidence it says so instead of guessing. --format jsonl, csv
+    and files list the cited sources; md gives the answer and its sources.
+    """
+    fmt = chosen(format_, color)
+    params: dict[str, Any] = {"vault": vault, "question": question, "limit": limit, "match_mode": match_mode, "no_rerank": no_rerank}
+    if min_score is not None:
+        params["min_score"] = min_score
+    if mode:
+        params["mode"] = mode
+    out = call("rag.ask", params)
+    citations = out.get("citations", [])
+
+    def text() -> None:
+        _notices(out)
+        if out["status"] == "insufficient_evidence":
+            print("Insufficient evidence: nothing in the vault matches the question.")
+            return
+        echo(out["answer"])
+        if citations:
+            sys.stdout.write("\nSources\n")
+            print_results(
+                [
+                    Result(
+                        label=f"[{c['label']}]", title=str(c.get("title") or ""), source=c.get("source"), line=c.get("line"),
+                        record=str(c["record_id"]), details=(f"record {c['record_id']}@{c['revision']}", f"bytes {c['start']}-{c['end']}"),
+                    )
+                    for c in citations
+                ],
+                question,
+                verbose=verbose,
+            )
+
+    answered = out["status"] != "insufficient_evidence"
+    emit(fmt, Listing(
+        document={k: out[k] for k in ("status", "answer", "mode", "citations", "notices") if k in out},
+        items=citations,
+        columns=CITATION_COLUMNS,
+        text=text,
+        md_item=lambda c: md_item(c, label=str(c["label"])),
+        md_head=(out["answer"] + ("\n\n**Sources**" if citations else "")) if answered else "Insufficient evidence: nothing in the vault matches the question.",
+        notices=out.get("notices", []),
+    ))
+
+
+def context(
+    vault: Annotated[str, typer.Argument(help="Vault id or name.")],
+    query: Annotated[str, typer.Argument(help="What the assistant is about to work on.")],
+    budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [rag] context_budget = 1000).")] = None,
+    kind: Kind = None,
+    category: Category = None,
+    tag: Tag = None,
+    since: Since = None,
+    until: Until = None,
+    speaker: Speaker = None,
+    mode: Mode = None,
+    format_: FormatOpt = None,
+) -> None:
+    """Build a context pack for an assistant, within a token budget.
+
+    The profile and preference facts come first, then the memories most relevant to the query (hybrid
+    search by default), each labelled [S1], [S2]... and always whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
+    --until, --speaker) apply to every item, profile facts included. Text output is the pack itself,
+    ready to paste into a prompt (its size on stderr); --json gives the items with their token counts and
+    byte ranges (start, end); jsonl, csv, md and files list the items."""
+    fmt = chosen(format_)
+    params: dict[str, Any] = {"vault": vault, "query": query}
+    params.update(filters(kind, category, tag, since, until, speaker))
+    if budget is not None:
+        params["budget"] = budget
+    if mode:
+        params["mode"] = mode
+    out = call("rag.context", params)
+
+    def text() -> None:
+        _notices(out)
+        if not out["items"]:
+            notice("nothing to put in the pack: no profile facts, and nothing relevant found")
+            return
+        sys.stdout.write(safe_text(out["text"], multiline=True))
+        counted = "tokens" if out.get("tokenizer") == "model" else "tokens (estimated)"
+        left = f"; {out['left_out']} more left out" if out.get("left_out") else ""
+        notice(f"{len(out['items'])} items, {out['used_tokens']:,} of {out['budget']:,} {counted}{left}")
+
+    emit(fmt, Listing(
+        document={k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "items", "left_out", "text", "notices") if k in out},
+        items=out["items"],
+        columns=CONTEXT_COLUMNS,
+        text=text,
+        md_item=lambda i: md_item(i, label=str(i["label"]), extra=str(i.get("block") or ""), quote=str(i.get("text") or "")),
+        notices=out.get("notices", []),
+    ))
+
+
+SEARCH_EPILOG = """Examples:
+
+\b
+  memories rag search notes "garden soil"
+  memories rag search notes 长城 --mode bm25 --limit 5
+  memories rag search notes "trip plan" --kind card --since 2024-01-01 --json
+  memories rag search notes "garden" --format files | xargs $EDITOR"""
+
+ASK_EPILOG = """Examples:
+
+\b
+  memories rag ask notes "When is the dentist appointment?"
+  memories rag ask notes "What did we decide about the roof?" --limit 12
+  memories rag ask notes "Summarise my travel plans" --mode bm25 --json"""
+
+MEMORY_SEARCH_EPILOG = """Examples:
+
+\b
+  memories memory search notes "dentist"
+  memories memory search notes "trip" --since 2024-01-01 --format jsonl"""
+
+
+__all__ = ["ask", "context", "filters", "memory_search", "search"]
