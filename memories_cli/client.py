@@ -5,6 +5,11 @@ Timeouts: connecting gives up after ``CONNECT_TIMEOUT`` seconds, and a request a
 A running request is never silent that long: the daemon sends a keep-alive progress frame
 ``{"id": N, "progress": {"keepalive": true}}`` every ``[daemon] keepalive_seconds`` (10), which is
 never passed on to a progress callback. Either timeout is ``daemon_unreachable``.
+
+Vault processes (``[daemon] vault_process = true``): a request for a vault is sent to the process
+serving that vault, which the daemon names first (``vault.route``: a socket path, no content), so
+the main daemon never reads a note, a query or a passphrase. For a locked vault the route's error
+is raised without sending the request at all. A one-process daemon answers "send it here".
 """
 
 from __future__ import annotations
@@ -22,12 +27,18 @@ from typing import Any
 from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
+from memoriesd.workers.routes import ENDING, route_request
 
 _ids = itertools.count(1)
 START_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
 DEFAULT_TIMEOUT = 30.0
 TIMEOUT_ENV = "MEMORIES_CLIENT_TIMEOUT"
+#: Routes asked for one request while a vault's process is ending (its vault just locked).
+ROUTE_ATTEMPTS = 6
+#: Requests sent again when the vault's process went away without answering (it was ending as the
+#: request arrived): doing them twice is harmless.
+RESEND_WHEN_ENDED = frozenset({"vault.unlock", "vault.status"})
 
 
 def client_timeout() -> float | None:
@@ -48,12 +59,13 @@ def is_keepalive(progress: Any) -> bool:
     return isinstance(progress, dict) and progress.get("keepalive") is True
 
 
-def _connect(home: Home) -> socket.socket:
+def _connect(home: Home, path: str | None = None) -> socket.socket:
+    """A connection to the daemon's socket, or to ``path`` (a vault's process)."""
     home.check_socket_path()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
-        sock.connect(str(home.socket_path))
+        sock.connect(path or str(home.socket_path))
         sock.settimeout(client_timeout())
     except OSError:
         sock.close()
@@ -159,6 +171,23 @@ class Client:
         except OSError as exc:
             raise DaemonUnreachable(f"cannot reach memoriesd at {self.home.socket_path}") from exc
 
+    def route(self, ask: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the daemon where a vault is served (``vault.route``): the route, or None for "the daemon
+        itself" (one process, an older daemon, or a locked vault it can answer for). A locked vault's
+        error is raised here, so its request is never sent."""
+        try:
+            route = self._exchange(self._open(), "vault.route", ask, None, notices=False)
+        except MemoriesError as exc:
+            if exc.code == "unknown_method":  # a daemon older than vault processes
+                return None
+            raise
+        if not isinstance(route, dict) or not route.get("socket"):
+            err = route.get("error") if isinstance(route, dict) else None
+            if isinstance(err, dict):
+                raise MemoriesError(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
+            return None
+        return route
+
     def call(
         self,
         method: str,
@@ -166,12 +195,44 @@ class Client:
         *,
         progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> Any:
-        sock = self._open()
+        params = params or {}
+        ask = route_request(method, params)
+        for attempt in range(ROUTE_ATTEMPTS):
+            route = self.route(ask) if ask is not None else None
+            if route is None:
+                return self._exchange(self._open(), method, params, progress)
+            last = attempt == ROUTE_ATTEMPTS - 1
+            try:
+                sock = _connect(self.home, str(route["socket"]))
+            except OSError:
+                if last:
+                    raise _ended(self.home, route, method) from None
+                time.sleep(0.05 * (attempt + 1))  # the process ended since (locked): ask again
+                continue
+            try:
+                return self._exchange(sock, method, params, progress, route=route)
+            except MemoriesError as exc:
+                ended = getattr(exc, "process_ended", False) and method in RESEND_WHEN_ENDED
+                if (exc.code != ENDING and not ended) or last:
+                    raise
+                time.sleep(0.05 * (attempt + 1))  # it refused before doing anything: its vault just locked
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _exchange(
+        self,
+        sock: socket.socket,
+        method: str,
+        params: dict[str, Any],
+        progress: Callable[[dict[str, Any]], None] | None,
+        *,
+        notices: bool = True,
+        route: dict[str, Any] | None = None,
+    ) -> Any:
         timeout = sock.gettimeout()
         try:
             rid = next(_ids)
             try:
-                sock.sendall(protocol.encode({"id": rid, "method": method, "params": params or {}}))
+                sock.sendall(protocol.encode({"id": rid, "method": method, "params": params}))
             except TimeoutError as exc:
                 raise _silent(self.home, timeout, method) from exc
             except OSError:
@@ -182,6 +243,8 @@ class Client:
                 except TimeoutError as exc:
                     raise _silent(self.home, timeout, method) from exc
                 except (ConnectionError, OSError) as exc:
+                    if route is not None:
+                        raise _ended(self.home, route, method) from exc
                     raise DaemonUnreachable(
                         f"memoriesd closed the connection during {method}: see {self.home.log_path}"
                     ) from exc
@@ -189,7 +252,7 @@ class Client:
                     if progress is not None and not is_keepalive(msg["progress"]):
                         progress(msg["progress"])
                     continue
-                if self.on_notice is not None and isinstance(msg.get("notices"), list):
+                if notices and self.on_notice is not None and isinstance(msg.get("notices"), list):
                     for text in msg["notices"]:
                         self.on_notice(str(text))
                 if "error" in msg:
@@ -198,3 +261,15 @@ class Client:
                 return msg.get("result")
         finally:
             sock.close()
+
+
+def _ended(home: Home, route: dict[str, Any], method: str) -> MemoriesError:
+    """A vault's process went away under a request: it was locked, or it failed."""
+    name = route.get("name") or route.get("vault_id") or "?"
+    err = MemoriesError(
+        f"the process serving vault {name} ended during {method} (the vault was locked, or the process failed: see "
+        f"{home.log_path}): unlock the vault and run the command again; what was acknowledged before is kept",
+        code="vault_locked",
+    )
+    err.process_ended = True  # type: ignore[attr-defined]
+    return err

@@ -26,7 +26,7 @@ from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
 
-from .client import CONNECT_TIMEOUT, client_timeout
+from .client import CONNECT_TIMEOUT, Client, client_timeout
 from .mcp_memory_tools import WRITE_TOOLS, register_write_tools, shape_write
 
 log = logging.getLogger("memories.mcp")
@@ -62,12 +62,19 @@ class DaemonLink:
     ``memory_remember`` (an exact repeat changes nothing) may run twice; a call that is not
     ``idempotent`` (``memory_forget``: a second ``specific`` forget would take the next record) is
     retried only when its request could not even be sent.
+
+    With vault processes (``[daemon] vault_process = true``) each call first asks the daemon where
+    the grant's vault is served (:meth:`Client.route`, no content) and goes straight there; a locked
+    vault's error comes from that answer, so no tool argument ever reaches the main daemon.
     """
 
     def __init__(self, home: Home, token: str) -> None:
         self.home = home
         self._token = token
-        self._idle: list[socket.socket] = []
+        parts = token.split("_", 3)
+        self._vault = parts[1] if len(parts) == 4 else None  # a malformed token: session.grant says so
+        self._router = Client(home, autostart=False)
+        self._idle: list[tuple[str, socket.socket]] = []  # (socket path, connection)
         self._lock = threading.Lock()
 
     def _unreachable(self) -> DaemonUnreachable:
@@ -89,15 +96,23 @@ class DaemonLink:
                 raise _Replied(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
             return msg.get("result")
 
-    def _open(self) -> socket.socket:
+    def _target(self) -> str:
+        """The socket serving the grant's vault: a vault's process, or the daemon's own."""
         try:
             self.home.check_socket_path()
+            route = self._router.route({"vault": self._vault, "for_grant": True}) if self._vault else None
+        except DaemonUnreachable as exc:
+            raise self._unreachable() from exc
+        return str(route["socket"]) if route is not None else str(self.home.socket_path)
+
+    def _open(self, path: str) -> socket.socket:
+        try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except (OSError, MemoriesError) as exc:
+        except OSError as exc:
             raise self._unreachable() from exc
         try:
             sock.settimeout(CONNECT_TIMEOUT)
-            sock.connect(str(self.home.socket_path))
+            sock.connect(path)
             sock.settimeout(client_timeout())  # keep-alive frames (ignored below) keep long calls alive
             self._exchange(sock, "session.grant", {"token": self._token})
         except (OSError, ConnectionError) as exc:
@@ -108,27 +123,34 @@ class DaemonLink:
             raise
         return sock
 
-    def _take(self) -> tuple[socket.socket, bool]:
+    def _take(self) -> tuple[socket.socket, bool, str]:
+        path = self._target()
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._open(), False
+            stale = [s for p, s in self._idle if p != path]  # a vault process that ended (locked)
+            mine = [(p, s) for p, s in self._idle if p == path]
+            self._idle = mine
+            taken = self._idle.pop()[1] if self._idle else None
+        for s in stale:
+            s.close()
+        if taken is not None:
+            return taken, True, path
+        return self._open(path), False, path
 
-    def _give(self, sock: socket.socket) -> None:
+    def _give(self, sock: socket.socket, path: str) -> None:
         with self._lock:
             if len(self._idle) < 4:
-                self._idle.append(sock)
+                self._idle.append((path, sock))
                 return
         sock.close()
 
     def _discard_idle(self) -> None:
         with self._lock:
             stale, self._idle = self._idle, []
-        for s in stale:
+        for _p, s in stale:
             s.close()
 
     def call(self, method: str, params: dict[str, Any], *, idempotent: bool = True) -> Any:
-        sock, reused = self._take()
+        sock, reused, path = self._take()
         for attempt in (0, 1):
             sent = [False]
             try:
@@ -138,18 +160,21 @@ class DaemonLink:
                 # One lost connection means the daemon went away (a restart): the pooled ones are dead too,
                 # and taking another of them for the retry would fail the same way.
                 self._discard_idle()
-                if reused and attempt == 0 and (idempotent or not sent[0]):
+                # A vault's process that ended (locked, or failed): the route now says which.
+                ended = path != str(self.home.socket_path)
+                if (reused or ended) and attempt == 0 and (idempotent or not sent[0]):
                     log.info("the daemon connection was lost; reconnecting")
-                    sock, reused = self._open(), False  # never a pooled one: another thread may have given one back
+                    path = self._target()
+                    sock, reused = self._open(path), False  # never a pooled one: another thread may have given one back
                     continue
                 raise self._unreachable() from exc
             except _Replied:  # the daemon answered with an error: the connection is in step, keep it
-                self._give(sock)
+                self._give(sock, path)
                 raise
             except BaseException:  # e.g. a malformed frame: the stream is out of step
                 sock.close()
                 raise
-            self._give(sock)
+            self._give(sock, path)
             return result
         raise self._unreachable()  # pragma: no cover - the loop returns or raises
 

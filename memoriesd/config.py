@@ -37,6 +37,8 @@ class DaemonConfig:
     max_requests_per_connection: int = 32  # in flight; further frames are not read until one ends
     write_timeout_seconds: float = 30.0  # a client that does not read its replies this long is cut off
     keepalive_seconds: float = 10.0  # a keep-alive progress frame this often while a request runs
+    # One process per unlocked vault, ended by lock (memoriesd.workers; SECURITY.md "What is wiped").
+    vault_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class CacheConfig:
     max_source_mib: float = 192.0
     max_vector_mib: float = 128.0
     max_vaults: int = 2
-    # How vectors are held in memory (sealed vectors on disk stay float32): float32, float16, int8.
+    # How vectors are held in memory, and sealed on disk (vector sidecar version 2): float32, float16, int8.
     vector_precision: str = "int8"
 
 

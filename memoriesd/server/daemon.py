@@ -46,6 +46,8 @@ from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
 from ..watch import WatchService  # noqa: E402
+from ..workers import router  # noqa: E402  (vault.route, and the router of [daemon] vault_process)
+from ..workers.process import bound_heap, harden  # noqa: E402  (moved there; imported from here too)
 from . import (  # noqa: E402
     conversation_handlers,
     extract_handlers,
@@ -64,7 +66,7 @@ from .lograte import LogRateLimit, installed_limits  # noqa: E402
 # Every method family, imported eagerly and unconditionally: each module registers its methods in
 # HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
 # method" for a whole family later).
-METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers, tidy_handlers, conversation_handlers, extract_handlers)
+METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers, tidy_handlers, conversation_handlers, extract_handlers, router)
 
 log = logging.getLogger("memoriesd")
 
@@ -75,42 +77,6 @@ READ_LIMIT = 64 * 1024
 #: Transport write buffer: drain() waits above HIGH until the buffer is below LOW.
 WRITE_HIGH = 256 * 1024
 WRITE_LOW = 64 * 1024
-
-
-def harden() -> None:
-    """No core dumps, not ptrace-able by same-uid processes where the kernel allows, private files."""
-    os.umask(0o077)
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except (ImportError, ValueError, OSError):
-        pass
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_DUMPABLE = 4
-        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def bound_heap() -> None:
-    """glibc: give every buffer of 128 KiB or more its own mapping, so freeing it returns the memory.
-
-    By default glibc raises that threshold each time such a buffer is freed, after which the
-    decrypted chunks of a sealed vector file (6 MiB each) come from the heap and stay in RSS once
-    freed: +325 MiB kept after loading 100,000 vectors of 768 dimensions
-    (scripts/bench_memory.py; README "Memory and the cache caps"). A no-op without glibc's mallopt.
-    """
-    try:
-        import ctypes
-
-        M_MMAP_THRESHOLD = -3
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)
-    except (OSError, AttributeError):
-        pass
 
 
 def raise_nofile_limit() -> int:
@@ -154,12 +120,14 @@ def setup_logging(home: Home, level: str) -> None:
 class App:
     """Everything a handler may use: home, config, vaults and the retrieval engine."""
 
-    def __init__(self, home: Home, config: Config, config_watch: ConfigWatch | None = None) -> None:
+    workers: Any = None  # the vault-process role (memoriesd.workers): a Router or a worker's; None = one process
+
+    def __init__(self, home: Home, config: Config, config_watch: ConfigWatch | None = None, vaults: Any = None) -> None:
         self.home = home
         self.config = config
         # config.toml as read at start: an edit since is said in every reply ("restart pending").
         self.config_watch = config_watch or ConfigWatch(home.config_path)
-        self.vaults = VaultManager(home, config)
+        self.vaults = vaults or VaultManager(home, config)
         self.started = time.monotonic()
         self._stop_cb: Any = None
         self.rag: Any = RagEngine(self)
@@ -174,7 +142,7 @@ class App:
             self._stop_cb()
 
     def dispatch(self, method: str, ctx: Context) -> dict[str, Any]:
-        handler = HANDLERS.get(method)
+        handler = HANDLERS.get(method) if self.workers is None else self.workers.handler(method)
         if handler is None:
             raise UnknownMethod(f"unknown method {method!r}: the CLI and daemon versions may differ")
         try:
@@ -355,6 +323,7 @@ class Connection:
 class Server:
     def __init__(self, app: App, nofile: int | None = None) -> None:
         self.app = app
+        self.socket_path = app.home.socket_path  # a vault worker listens on its own (memoriesd.workers)
         cfg = app.config.daemon
         self.max_frame = cfg.max_frame_mib * 1024 * 1024
         self.nofile = nofile if nofile is not None else raise_nofile_limit()
@@ -476,11 +445,10 @@ class Server:
                 limit.flush()
 
     async def run(self) -> None:
-        home = self.app.home
         loop = asyncio.get_running_loop()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(home.socket_path))
-        os.chmod(home.socket_path, 0o600)
+        listener.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
         listener.listen(128)
         listener.setblocking(False)
         accepting = loop.create_task(self.accept_loop(listener))
@@ -497,9 +465,10 @@ class Server:
                 configured,
                 self.nofile,
             )
-        print(f"memoriesd {__version__} listening on {home.socket_path}", file=sys.stderr, flush=True)
+        print(f"memoriesd {__version__} listening on {self.socket_path}", file=sys.stderr, flush=True)
         auto = loop.create_task(self.auto_lock_loop())
         background = [loop.create_task(self.idle_close_loop()), loop.create_task(self.log_summary_loop())]
+        background += [loop.create_task(c) for c in (self.app.workers.loops(self) if self.app.workers else ())]
         loop.run_in_executor(self.pool, self.app.rag.warm)
         try:
             await self.stopping.wait()
@@ -517,9 +486,11 @@ class Server:
             # In-flight writes finish (each batch is atomic); give them a moment.
             self.pool.shutdown(wait=True, cancel_futures=True)
             await asyncio.to_thread(self.app.watch.close)
+            if self.app.workers is not None:  # the router stops every vault worker (each locks its vault)
+                await asyncio.to_thread(self.app.workers.close)
             await asyncio.to_thread(self.app.vaults.lock_all, "shutdown")
             with contextlib.suppress(FileNotFoundError):
-                home.socket_path.unlink()
+                self.socket_path.unlink()
             for limit in installed_limits():
                 limit.flush_all()
 
@@ -552,6 +523,8 @@ def run_daemon(home: Home) -> int:
         home.pid_path.write_text(f"{os.getpid()}\n")
         nofile = raise_nofile_limit()
         app = App(home, config, config_watch)
+        if config.daemon.vault_process:  # one worker process per unlocked vault (memoriesd.workers.router)
+            app.workers = router.Router(app)
         try:
             asyncio.run(Server(app, nofile).run())
         finally:

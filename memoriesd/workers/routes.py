@@ -1,0 +1,46 @@
+"""Which requests a vault's worker serves and which the router does (shared by daemon and clients).
+
+Light on purpose: the CLI and the MCP server import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Methods the router always answers itself (never carrying vault plaintext).
+ROUTER_METHODS = frozenset(
+    {
+        "daemon.status",
+        "daemon.stop",
+        "vault.list",
+        "vault.lock",
+        "vault.delete",
+        "vault.route",
+        "rag.watch_reload",
+        "rag.model_install",
+    }
+)
+#: Methods that start a worker for a locked vault (they carry a passphrase or need the key).
+START_METHODS = frozenset({"vault.unlock", "vault.passwd"})
+#: Methods the router answers while the vault is locked (nothing of its content is needed).
+LOCKED_OK_METHODS = frozenset({"vault.status"})
+#: The method a fresh worker (not yet a vault) serves.
+CREATE_METHOD = "vault.create"
+#: Error code of a worker that refused a request because it is ending (its vault just locked):
+#: nothing ran, so a client asks for the route again.
+ENDING = "vault_process_ending"
+
+
+def route_request(method: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``vault.route`` params to ask before sending ``method``, or None: send it to the router."""
+    if method in ROUTER_METHODS:
+        return None
+    if method == CREATE_METHOD:
+        return {"new": True}
+    vault = params.get("vault") if isinstance(params, dict) else None
+    if not isinstance(vault, str) or not vault:
+        return None  # no vault named: the router's (lists, grant.revoke by id...)
+    return {"vault": vault, "start": method in START_METHODS, "locked_ok": method in LOCKED_OK_METHODS}
+
+
+__all__ = ["ROUTER_METHODS", "START_METHODS", "LOCKED_OK_METHODS", "CREATE_METHOD", "ENDING", "route_request"]

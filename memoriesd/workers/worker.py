@@ -1,0 +1,251 @@
+"""A vault's worker process: ``python -m memoriesd.workers.worker --home H --socket PATH --vault ID [--create]``.
+
+The same daemon code (``App``, ``Server``, every handler) bound to one vault on its own socket
+(0600 in ``run/``, peer uid checked as the daemon does). It unlocks (or creates) the vault itself,
+so the passphrase never reaches the router, and serves every request for it. It exits when:
+
+- the vault locks (``vault lock``, auto-lock, or ``lock REASON`` from the router on stdin);
+- its stdin closes: the router is gone (stopped, or killed), so nothing could route to it;
+- nothing is unlocked and no request runs after an unlock or passwd attempt (a wrong passphrase
+  leaves no process behind), or ``UNUSED_SECONDS`` after start if no client ever came.
+
+Its stdout tells the router ``ready`` (listening) and ``unlocked``; nothing else, never content.
+Its exit returns all its memory to the kernel: that is the point (SECURITY.md "What is wiped").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before anything can import onnxruntime
+
+from ..config import Config, load_config  # noqa: E402
+from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists  # noqa: E402
+from ..home import Home, resolve_home  # noqa: E402
+from ..server.config_watch import ConfigWatch  # noqa: E402
+from ..server.context import Context  # noqa: E402
+from ..server.daemon import App, Server, setup_logging  # noqa: E402
+from ..server.handlers import HANDLERS  # noqa: E402
+from ..vault.live import LiveVault  # noqa: E402
+from ..vault.manager import VaultManager, validate_name  # noqa: E402
+from ..vault.store import VaultStore  # noqa: E402
+from .process import bound_heap, harden  # noqa: E402
+from .routes import ENDING, ROUTER_METHODS  # noqa: E402
+
+log = logging.getLogger("memoriesd.workers")
+
+#: A worker no client ever used (it went away between vault.route and its request) exits after this.
+UNUSED_SECONDS = 30.0
+#: How often the worker checks whether it still has a reason to live.
+CHECK_SECONDS = 0.05
+#: Router methods a worker answers too (nothing vault-wide that only the router knows).
+WORKER_ALSO = frozenset({"daemon.status", "rag.watch_reload", "rag.model_install"})
+
+
+@contextlib.contextmanager
+def kdf_turn(home: Home) -> Iterator[None]:
+    """One Argon2id derivation at a time across the daemon's processes (``run/kdf.lock``), as the
+    in-process KDF lock does within one: two at once never returned on some machines."""
+    fd = os.open(home.run / "kdf.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def not_mine(vault_id: str) -> ProtocolError:
+    return ProtocolError(
+        f"this process serves vault {vault_id} only: ask the main daemon socket where another vault is served (vault.route)"
+    )
+
+
+class BoundVaults(VaultManager):
+    """The worker's vault manager: one vault, the id the router chose; KDF work takes ``kdf_turn``."""
+
+    def __init__(self, home: Home, config: Config, vault_id: str, create: bool, on_unlock: Any) -> None:
+        super().__init__(home, config)
+        self.vault_id = vault_id
+        self._may_create = create
+        self._on_register = on_unlock
+
+    def mine(self, ref: str) -> str:
+        vault_id = self.resolve(ref)
+        if vault_id != self.vault_id:
+            raise not_mine(self.vault_id)
+        return vault_id
+
+    def holds(self) -> bool:
+        """The vault is open or still closing (its lock has not finished writing and wiping)."""
+        with self._lock:
+            return self.vault_id in self._unlocked
+
+    def _register(self, store: VaultStore) -> LiveVault:
+        entry = super()._register(store)
+        self._on_register()
+        return entry
+
+    def create(self, name: str, passphrase: bytearray) -> VaultStore:
+        """As :meth:`VaultManager.create`, under the id the router chose (it routes to this process by it)."""
+        if not self._may_create:
+            raise not_mine(self.vault_id)
+        self._may_create = False
+        name = validate_name(name)
+        if not passphrase:
+            raise UsageError("the passphrase is empty: choose a passphrase")
+        with kdf_turn(self.home):  # also serialises the name check across processes
+            if any(v["name"].casefold() == name.casefold() for v in self.list_vaults()):
+                raise VaultExists(f"a vault named {name} already exists: choose another name")
+            store = VaultStore.create(self.home.vaults / self.vault_id, self.vault_id, name, passphrase, self.kdf())
+            self._register(store)
+        log.info("vault %s created", self.vault_id)
+        return store
+
+    def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:
+        self.mine(ref)
+        with kdf_turn(self.home):
+            return super().unlock(ref, passphrase)
+
+    def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
+        self.mine(ref)
+        with kdf_turn(self.home):
+            super().passwd(ref, old, new)
+
+
+class WorkerRole:
+    """The ``app.workers`` role of a vault's worker: which methods it serves, and when it exits."""
+
+    def __init__(self, vault_id: str) -> None:
+        self.vault_id = vault_id
+        self.app: Any = None
+        self.started = time.monotonic()
+        self.inflight = 0
+        self.done = 0
+        self.was_unlocked = False
+        self.ending = False  # no new request: the vault is closed for good in this process
+        self._count = threading.Lock()
+        self._out = threading.Lock()
+
+    def say(self, word: str) -> None:
+        """One line to the router (``ready``, ``unlocked``): never content."""
+        with self._out, contextlib.suppress(OSError, ValueError):
+            sys.stdout.write(word + "\n")
+            sys.stdout.flush()
+
+    def unlocked(self) -> None:
+        self.was_unlocked = True
+        self.say("unlocked")
+
+    def handler(self, name: str) -> Any:
+        base = HANDLERS.get(name)
+        if base is None:
+            return None
+
+        def served(app: Any, ctx: Context) -> dict[str, Any]:
+            if name in ROUTER_METHODS and name not in WORKER_ALSO:
+                raise ProtocolError(f"{name} is the main daemon's: send it to its socket, not to a vault's process")
+            ref = ctx.params.raw.get("vault")
+            if isinstance(ref, str) and ref:
+                app.vaults.mine(ref)
+            with self._count:
+                if self.ending:
+                    raise MemoriesError(
+                        f"the process of vault {self.vault_id} is ending (the vault was locked): run the command again",
+                        code=ENDING,
+                    )
+                self.inflight += 1
+            try:
+                return dict(base(app, ctx))
+            finally:
+                with self._count:
+                    self.inflight -= 1
+                    self.done += 1
+
+        return served
+
+    def loops(self, server: Any) -> list[Any]:
+        return [self._life(server)]
+
+    def close(self) -> None:
+        return None
+
+    def _control(self) -> None:
+        """The router's commands on stdin: ``lock REASON``; end of input = the router is gone."""
+        reason = "the daemon stopped"
+        try:
+            for line in sys.stdin.buffer:
+                parts = line.decode("ascii", "replace").split(None, 1)
+                if parts and parts[0] == "lock":
+                    reason = parts[1].strip() if len(parts) > 1 else "lock"
+                    break
+        except (OSError, ValueError):
+            pass
+        with self._count:
+            self.ending = True  # requests in flight drain (the lock waits for them); new ones are refused
+        try:
+            self.app.vaults.lock_all(reason)
+        finally:
+            self.app.request_stop()
+
+    async def _life(self, server: Any) -> None:
+        self.say("ready")
+        threading.Thread(target=self._control, name="memoriesd-control", daemon=True).start()
+        while not server.stopping.is_set():
+            await asyncio.sleep(CHECK_SECONDS)
+            with self._count:
+                if self.ending or self.inflight or self.app.vaults.holds():
+                    continue
+                if not (self.was_unlocked or self.done or time.monotonic() - self.started > UNUSED_SECONDS):
+                    continue
+                self.ending = True  # checked with the in-flight count: no request can open the vault again
+            # The router starts another process for this vault only once this one has exited.
+            self.say("closing")
+            server.stopping.set()  # locked (or never unlocked): the process ends, its memory with it
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="memoriesd-vault", description="One vault's process (started by memoriesd).")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--vault", required=True)
+    parser.add_argument("--create", action="store_true", help="serve vault.create for this new vault id")
+    args = parser.parse_args(argv)
+    harden()
+    bound_heap()
+    code = 0
+    try:
+        home = resolve_home(args.home)
+        config_watch = ConfigWatch(home.config_path)
+        config = load_config(home.config_path)
+        setup_logging(home, config.daemon.log_level)
+        for h in logging.getLogger().handlers:
+            h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {args.vault}]: %(message)s"))
+        role = WorkerRole(args.vault)
+        app = App(home, config, config_watch, vaults=BoundVaults(home, config, args.vault, args.create, role.unlocked))
+        app.workers = role
+        role.app = app
+        server = Server(app)
+        server.socket_path = Path(args.socket)
+        asyncio.run(server.run())
+        log.info("vault %s: its process ends", args.vault)
+    except Exception:  # noqa: BLE001 - said in the log; the router reports the vault locked
+        log.exception("vault process failed")
+        code = 1
+    logging.shutdown()
+    # Background threads (indexer, watchers, model release) must not keep a locked vault's process alive.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
