@@ -65,7 +65,7 @@ def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: 
         call(app, "rag.index", vault=vid)
     space = app.rag.peek_index(app.vaults.store(vid)).vectors
     loads = 0
-    real_load, real_scan = space.sidecar.load, space.sidecar.scan
+    real_load, real_scan, real_chunks = space.sidecar.load, space.sidecar.scan, space.sidecar.scan_chunks
 
     def counting_load() -> Any:
         nonlocal loads
@@ -77,8 +77,14 @@ def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: 
         loads += 1
         return real_scan(take)
 
+    def counting_chunks(take: Any) -> Any:  # the same, chunk records as stored (int8 rows)
+        nonlocal loads
+        loads += 1
+        return real_chunks(take)
+
     space.sidecar.load = counting_load
     space.sidecar.scan = counting_scan
+    space.sidecar.scan_chunks = counting_chunks
     # New text: nothing on disk can match it, so the sidecar is not read again.
     for i in range(5):
         call(app, "memory.update", vault=vid, id=rid, body=f"coffee brand new {i}")

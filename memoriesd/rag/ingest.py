@@ -83,6 +83,14 @@ def _card(prev: Record | None, title: str, body: str, tags: tuple[str, ...], pri
     return Record(prev.id, prev.revision + 1, "card", title, body, private, tags, meta=meta, private_meta=prev.private_meta, created=prev.created, updated=t)
 
 
+def _is_dir(path: Path) -> bool:
+    """``Path.is_dir`` raises for a name too long or a path it may not search: discover() refused those."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: int) -> IngestReport:
     report = IngestReport()
     if req.text is not None:
@@ -102,7 +110,7 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
             raise UsageError("ingest paths must be absolute (the CLI resolves them)")
     keys = PathKeys()
     files, problems = discover(roots, recursive=req.recursive, keys=keys)
-    dir_roots = [r for r in roots if r.is_dir()] + ([Path(req.base)] if req.base else [])
+    dir_roots = [r for r in roots if _is_dir(r)] + ([Path(req.base)] if req.base else [])
     for path, why in problems:
         report.refused.append({"path": str(path), "message": why})
     existing = _cards_by_source(store)
