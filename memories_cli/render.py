@@ -245,7 +245,12 @@ def score_text(r: dict[str, Any]) -> str:
     if isinstance(rel, (int, float)):
         return f"{int(rel)}%"
     score = r.get("score")
-    return f"score {float(score):.3g}" if isinstance(score, (int, float)) else ""
+    if not isinstance(score, (int, float)):
+        return ""
+    x = float(score)
+    if 0 < abs(x) < 0.001:
+        return "score <0.001"  # never "1e-06" to a person
+    return f"score {x:,.0f}" if abs(x) >= 1000 else f"score {x:.3g}"
 
 
 # ------------------------------------------------------------------------------ blocks
