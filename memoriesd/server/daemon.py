@@ -523,13 +523,17 @@ def run_daemon(home: Home) -> int:
         home.pid_path.write_text(f"{os.getpid()}\n")
         nofile = raise_nofile_limit()
         app = App(home, config, config_watch)
+        with contextlib.suppress(FileNotFoundError):
+            home.vault_process_marker.unlink()
         if config.daemon.vault_process:  # one worker process per unlocked vault (memoriesd.workers.router)
             app.workers = router.Router(app)
+            home.vault_process_marker.write_bytes(b"")  # before the socket listens: clients route first
         try:
             asyncio.run(Server(app, nofile).run())
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                home.pid_path.unlink()
+            for done in (home.pid_path, home.vault_process_marker):
+                with contextlib.suppress(FileNotFoundError):
+                    done.unlink()
         log.info("stopped")
         return 0
     finally:
