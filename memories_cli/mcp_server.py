@@ -83,7 +83,10 @@ class DaemonLink:
             "vault (`memories vault unlock VAULT_ID`)"
         )
 
-    def _exchange(self, sock: socket.socket, method: str, params: dict[str, Any], sent: list[bool] | None = None) -> Any:
+    def _exchange(
+        self, sock: socket.socket, method: str, params: dict[str, Any], sent: list[bool] | None = None
+    ) -> tuple[Any, list[str]]:
+        """The result and the reply frame's own notices (e.g. a restart pending after a config edit)."""
         sock.sendall(protocol.encode({"id": next(_ids), "method": method, "params": params}))
         if sent is not None:
             sent[0] = True
@@ -94,7 +97,8 @@ class DaemonLink:
             if "error" in msg:
                 err = msg.get("error") or {}
                 raise _Replied(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
-            return msg.get("result")
+            notices = msg.get("notices")
+            return msg.get("result"), [str(n) for n in notices] if isinstance(notices, list) else []
 
     def _target(self) -> str:
         """The socket serving the grant's vault: a vault's process, or the daemon's own."""
@@ -150,11 +154,15 @@ class DaemonLink:
             s.close()
 
     def call(self, method: str, params: dict[str, Any], *, idempotent: bool = True) -> Any:
+        return self.call_noticed(method, params, idempotent=idempotent)[0]
+
+    def call_noticed(self, method: str, params: dict[str, Any], *, idempotent: bool = True) -> tuple[Any, list[str]]:
+        """:meth:`call`, with the daemon's notices about itself (the reply frame's ``notices``)."""
         sock, reused, path = self._take()
         for attempt in (0, 1):
             sent = [False]
             try:
-                result = self._exchange(sock, method, params, sent)
+                answer = self._exchange(sock, method, params, sent)
             except (OSError, ConnectionError) as exc:
                 sock.close()
                 # One lost connection means the daemon went away (a restart): the pooled ones are dead too,
@@ -175,7 +183,7 @@ class DaemonLink:
                 sock.close()
                 raise
             self._give(sock, path)
-            return result
+            return answer
         raise self._unreachable()  # pragma: no cover - the loop returns or raises
 
     def close(self) -> None:
@@ -239,9 +247,23 @@ READ_KEYS = ("id", "revision", "kind", "title", "body", "tags", "created", "upda
 RETRIEVE_ITEM = ("label", "record_id", "revision", "title", "start", "end", "score", "text", "source")
 CITATION = ("label", "record_id", "revision", "title", "start", "end", "source")
 CONTEXT_ITEM = (
-    "label", "record_id", "revision", "kind", "category", "title", "text", "tokens", "score", "source", "start", "end",
-    "conversation",
+    "label", "record_id", "revision", "kind", "category", "title", "text", "tokens", "score", "source", "line", "start",
+    "end", "conversation",
 )
+
+
+def with_notices(text: str, data: dict[str, Any], out: Any, about: list[str]) -> tuple[str, dict[str, Any]]:
+    """A tool's result also carries what the daemon noticed: the reply's own notices (why results are
+    partial or empty) and the frame's (a restart pending after a config edit), once each, as
+    ``notices`` and as ``notice:`` lines of the text."""
+    shown = list(data.get("notices") or [])
+    own = out.get("notices") if isinstance(out, dict) else None
+    new = [str(n) for n in [*(own if isinstance(own, list) else []), *about] if str(n) not in shown]
+    new = list(dict.fromkeys(new))
+    if not new:
+        return text, data
+    data["notices"] = shown + new
+    return text + "".join(f"\nnotice: {n}" for n in new), data
 
 
 def shape(tool: str, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -330,8 +352,9 @@ def build_server(link: DaemonLink) -> MCPServer:
         try:
             given = params() if callable(params) else params  # a builder's UsageError is the tool's error
             sent = {k: v for k, v in given.items() if v is not None}
-            out = await anyio.to_thread.run_sync(lambda: link.call(method, sent, idempotent=idempotent))
+            out, about = await anyio.to_thread.run_sync(lambda: link.call_noticed(method, sent, idempotent=idempotent))
             text, data = shape(tool, out)
+            text, data = with_notices(text, data, out, about)
             return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
         except MemoriesError as exc:
             err = {"code": exc.code, "message": exc.message}
@@ -442,4 +465,4 @@ def serve(home: Home, token: str) -> None:
         link.close()
 
 
-__all__ = ["DaemonLink", "build_server", "serve", "shape", "DATA_NOTICE"]
+__all__ = ["DaemonLink", "build_server", "serve", "shape", "with_notices", "DATA_NOTICE"]

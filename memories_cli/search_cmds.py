@@ -38,7 +38,7 @@ FINGERPRINT_SHOWN = 12
 SEARCH_COLUMNS = ("label", "relevance", "score", "title", "source", "line", "record_id", "revision", "kind", "start", "end", "fingerprint", "text")
 MEMORY_COLUMNS = ("id", "revision", "kind", "title", "relevance", "score", "source", "line", "snippet")
 CITATION_COLUMNS = ("label", "title", "source", "line", "record_id", "revision", "start", "end")
-CONTEXT_COLUMNS = ("label", "block", "kind", "category", "title", "source", "score", "tokens", "record_id", "revision", "start", "end", "text")
+CONTEXT_COLUMNS = ("label", "block", "kind", "category", "title", "source", "line", "score", "tokens", "record_id", "revision", "start", "end", "text")
 
 
 def filters(kind: list[str] | None, category: list[str] | None, tag: list[str] | None, since: str | None, until: str | None, speaker: list[str] | None = None) -> dict[str, Any]:

@@ -285,6 +285,7 @@ def test_status_over_cap_says_which_cap_instead_of_failing() -> None:
             d.call("memory.add", {"vault": vid, "body": f"note {i}"})
         st = d.call("rag.status", {"vault": vid})
         assert st["index"] == "over_cap" and "max_fragments" in st["cap_error"] and st["documents"] == 0 and st["fragments"] == 2
+        assert str(home / "config.toml") in st["cap_error"] and "memories daemon restart" in st["cap_error"]
         r = run_cli(home, "rag", "status", vid)
         assert r.returncode == 0 and "max_fragments" in r.stderr
     finally:

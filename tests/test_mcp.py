@@ -445,3 +445,26 @@ def test_the_mcp_server_never_imports_numpy_onnxruntime_or_jieba() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_a_config_edit_shows_as_a_restart_notice_in_tool_results_until_undone(env: Env) -> None:
+    token = grant(env, scopes=["search"])["token"]
+    cfg = env.d.home / "config.toml"
+    before = cfg.read_text()
+
+    async def go(s: ClientSession) -> list[dict[str, Any]]:
+        seen = [ok(await call(s, "memory_search", query="zebra"))]
+        cfg.write_text(before + "\n[daemon]\nauto_lock_minutes = 7\n")
+        try:
+            r = await call(s, "memory_search", query="zebra")
+            seen.append(ok(r))
+            assert text_of(r).count("memories daemon restart") == 1  # once, as a notice line
+        finally:
+            cfg.write_text(before)  # compared parsed: the same settings again, nothing pending
+        seen.append(ok(await call(s, "memory_search", query="zebra")))
+        return seen
+
+    first, edited, undone = with_mcp(env, token, go)
+    assert "notices" not in first and "notices" not in undone
+    assert [n for n in edited["notices"] if str(cfg) in n and "memories daemon restart" in n]
+    assert edited["results"] == first["results"]

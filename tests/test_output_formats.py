@@ -195,6 +195,10 @@ def test_listing_commands_speak_jsonl_csv_and_md(env: Env) -> None:
     pack = cli_json(env.d.home, "rag", "context", env.vid, "clay soil", "--mode", "bm25")
     files = env.cli("rag", "context", env.vid, "clay soil", "--mode", "bm25", "--format", "files").stdout.splitlines()
     assert files == list(dict.fromkeys(i["source"] for i in pack["items"] if i["source"])) and files
+    garden = [i for i in pack["items"] if i["source"] == str(env.folder / "garden.md")]
+    assert garden and garden[0]["line"] == _line_of(env.folder / "garden.md", "# Garden soil notes")  # as search says
+    md = env.cli("rag", "context", env.vid, "clay soil", "--mode", "bm25", "--format", "md").stdout
+    assert f"garden.md:{garden[0]['line']}]" in md
     # `files` is only offered where items have files.
     bad = run_cli(env.d.home, "vault", "list", "--format", "files")
     assert bad.returncode == 2 and "files" in bad.stderr

@@ -31,7 +31,7 @@ An excerpt of a conversation shows its session date and the speakers of its turn
 (``[S3] Title (8 May 2023, 1:56 pm; Caroline, Melanie): ...``) and, in JSON, ``conversation``:
 ``{date, when, speakers, turns, refs}`` as search results have. Every JSON item carries ``start``
 and ``end``: the byte range of its fragment in the record body (null for profile facts, which are
-whole records).
+whole records), and ``line``: the 1-based line of that range (of the source file for a card), as search results have.
 """
 
 from __future__ import annotations
@@ -343,6 +343,7 @@ def build_pack(
                     "tokens": it.cost + label_cost,
                     "score": it.score,
                     "source": it.source,
+                    "line": out.line(it, it.start) if it.start is not None else None,  # as search results: source:line
                     "block": it.block,
                     "start": it.start,
                     "end": it.end,

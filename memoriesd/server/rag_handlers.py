@@ -14,6 +14,7 @@ from ..rag.filters import RecordFilter, make_filter
 from ..rag.fusion import FUSIONS, Candidate
 from ..rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ..vault.store import VaultStore
+from .config_watch import name_config_path
 from .context import Context, Params
 from .handlers import method
 
@@ -192,6 +193,8 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
 def rag_status(app: Any, ctx: Context) -> dict[str, Any]:
     store = _store(app, ctx)
     out = _engine(app).status(store)
+    if out.get("cap_error"):  # a cap error shown inside the status names the config file, as an error frame does
+        out["cap_error"] = name_config_path(out["cap_error"], app.home.config_path, "cap_exceeded")
     out["watch"] = app.watch.status(store.vault_id)  # watched folders: state, last sync, pending, counts
     return out
 
