@@ -176,3 +176,15 @@ def test_the_cli_works_through_vault_processes(served: tuple[Daemon, Client]) ->
     c.call("vault.lock", {"vault": "golf"})
     r = run_cli(d.home, "memory", "search", "golf", "walrus")
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "locked" in r.stderr, r.stderr
+
+
+def test_clients_route_only_while_the_daemon_says_it_runs_vault_processes(served: tuple[Daemon, Client]) -> None:
+    d, _c = served
+    assert Home(d.home).vault_process_marker.exists()  # written before the socket listens
+    with running_daemon() as plain:
+        home = Home(plain.home)
+        assert home.socket_path.exists() and not home.vault_process_marker.exists()
+        client = Client(home, autostart=False)
+        assert client.route({"vault": "anything"}) is None  # no round trip: the daemon serves every vault itself
+        plain.stop()
+        assert not home.pid_path.exists() and not home.vault_process_marker.exists()
