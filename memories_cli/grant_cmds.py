@@ -16,6 +16,7 @@ import typer
 
 from memoriesd.errors import UsageError
 
+from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit
 from .state import STATE, call, emit_json, fmt_time, notice, table
 
 grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True, rich_markup_mode=None)
@@ -163,24 +164,48 @@ def create(
 
 
 @grant_app.command("list")
-def list_(vault: Annotated[str | None, typer.Argument(help="Only this vault (default: every unlocked vault).")] = None) -> None:
+def list_(
+    vault: Annotated[str | None, typer.Argument(help="Only this vault (default: every unlocked vault).")] = None,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
+) -> None:
     """List grants; tokens are never shown.
 
     Each grant with its id, label, scopes, expiry and last use.
     """
+    fmt = chosen(format_, color)
     out = call("grant.list", {"vault": vault} if vault else {})
     for vid in out.get("locked_vaults", []):
         notice(f"vault {vid} is locked: its grants are sealed inside it (run `memories vault unlock {vid}` to list them)")
-    if STATE.json:
-        emit_json({"grants": out["grants"], "locked_vaults": out.get("locked_vaults", [])})
-        return
-    now = time.time()
-    rows = []
-    for g in out["grants"]:
-        expiry = _expiry(g["expires"]) + (" (expired)" if g["expires"] is not None and g["expires"] <= now else "")
-        scopes = ",".join(g["scopes"]) + (" cards-only" if g["cards_only"] else "")
-        rows.append([g["grant_id"], g["vault_id"], g["label"], scopes, expiry, fmt_time(g["last_used"]) or "never"])
-    table(["GRANT_ID", "VAULT_ID", "LABEL", "SCOPES", "EXPIRES", "LAST USE"], rows)
+    grants = out["grants"]  # the daemon's grant views: never a token
+
+    def text() -> None:
+        now = time.time()
+        rows = []
+        for g in grants:
+            expiry = _expiry(g["expires"]) + (" (expired)" if g["expires"] is not None and g["expires"] <= now else "")
+            scopes = ",".join(g["scopes"]) + (" cards-only" if g["cards_only"] else "")
+            rows.append([g["grant_id"], g["vault_id"], g["label"], scopes, expiry, fmt_time(g["last_used"]) or "never"])
+        table(["GRANT_ID", "VAULT_ID", "LABEL", "SCOPES", "EXPIRES", "LAST USE"], rows)
+
+    emit(fmt, Listing(
+        document={"grants": grants, "locked_vaults": out.get("locked_vaults", [])},
+        items=grants,
+        columns=("grant_id", "vault_id", "label", "scopes", "cards_only", "created", "expires", "expired", "last_used"),
+        text=text,
+        md_item=_md_grant,
+    ))
+
+
+def _md_grant(g: dict[str, Any]) -> str:
+    from .formats import md_escape
+
+    scopes = ",".join(g["scopes"]) + (" (cards only)" if g["cards_only"] else "")
+    expiry = _expiry(g["expires"]) + (" (expired)" if g.get("expired") else "")
+    return (
+        f"- **{md_escape(str(g['label'] or '')) or '(no label)'}** `{g['grant_id']}` \u00b7 vault `{g['vault_id']}` \u00b7 "
+        f"scopes {scopes} \u00b7 expires {expiry} \u00b7 last used {fmt_time(g['last_used']) or 'never'}"
+    )
 
 
 @grant_app.command("revoke")

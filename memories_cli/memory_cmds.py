@@ -6,6 +6,7 @@ import base64
 import os
 import stat
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -375,6 +376,42 @@ def _forget_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     ]
 
 
+def table_listing(
+    out: dict[str, Any],
+    items: list[dict[str, Any]],
+    columns: Sequence[str],
+    table_of: tuple[list[str], list[list[Any]], str],
+    md: Callable[[dict[str, Any]], str],
+    *,
+    before: Sequence[str] = (),
+    after: Sequence[str] = (),
+    empty: str,
+) -> Listing:
+    """A reply listed as a titled table (``table_of``: header, rows, title), ``before`` and ``after`` (or
+    ``empty`` when nothing is listed) the lines around it on stderr (forget, summarize, prune)."""
+    lines = [*before, *(after if items else [empty])]
+
+    def text() -> None:
+        for n in before:
+            notice(n)
+        if items:
+            table(table_of[0], table_of[1], title=table_of[2])
+        for n in lines[len(before):]:
+            notice(n)
+
+    return Listing(document=out, items=items, columns=columns, text=text, md_item=md, notices=lines)
+
+
+def _forget_listing(out: dict[str, Any], title: str, before: Sequence[str] = (), after: Sequence[str] = ()) -> Listing:
+    records = out["records"]
+    return table_listing(
+        out, records, ("id", "kind", "category", "title", "text", "revisions", "deleted", "match", "score"),
+        (["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(records), title),
+        lambda r: md_item(r, title_key="title" if r["title"] else "text", extra=f"{r['kind']}, {r['revisions']} revision(s), {r['match']}" + (", deleted" if r.get("deleted") else "")),
+        before=before, after=after, empty="nothing to forget",
+    )
+
+
 @memory_app.command("forget")
 def forget(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
@@ -385,11 +422,14 @@ def forget(
     kind: Annotated[str | None, typer.Option("--kind", metavar="[memory|card|fact|conversation|credential|file]", help="With --all: every record of this kind.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be forgotten.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask (needed off a terminal).")] = False,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
 ) -> None:
     """Forget records for good, every revision included.
 
     Every revision, their vectors, index entries and snapshots go, and the vault files are rewritten so the text cannot be read back from them, even with the passphrase (see SECURITY.md
-    for what lies beyond the vault's files). Cannot be undone."""
+    for what lies beyond the vault's files). Cannot be undone. --format lists what would go (--dry-run) or what went."""
+    fmt = chosen(format_, color)
     if scope not in ("specific", "topic"):
         raise UsageError("--scope takes specific or topic")
     params: dict[str, Any] = {"vault": vault, "scope": scope}
@@ -408,15 +448,10 @@ def forget(
         for n in listed.get("notices", []):
             notice(n)
         if dry_run or not listed["records"]:
-            if STATE.json:
-                emit_json(listed)
-            elif not listed["records"]:
-                notice("nothing to forget")
-            else:
-                table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(listed["records"]), title="would be forgotten")
+            emit(fmt, _forget_listing(listed, "would be forgotten"))
             return
         n = len(listed["records"])
-        if STATE.json:
+        if fmt != "text":
             notice(f"to forget: {', '.join(r['id'] for r in listed['records'])}")
         else:
             table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(listed["records"]), title="to forget")
@@ -425,18 +460,10 @@ def forget(
             raise typer.Exit(1)
         params = {"vault": vault, "ids": [r["id"] for r in listed["records"]]}  # exactly what was shown
     out = call("memory.forget", params)
-    if STATE.json:
-        emit_json(out)
-        return
-    for n in out.get("notices", []):
-        notice(n)
-    if not out["records"]:
-        notice("nothing to forget")
-        return
-    table(["ID", "KIND", "CATEGORY", "REVS", "MATCH", "TEXT"], _forget_rows(out["records"]), title="forgotten")
     extra = f"; {out['preserved_files_removed']} preserved crash-recovery file(s) removed" if out.get("preserved_files_removed") else ""
-    notice(
-        f"Forgot {out['forgotten']:,} record(s) and {out['revisions_removed']:,} revision(s); vault files rewritten "
-        f"(log epoch {out['log_epoch']}, {out.get('vector_entries_dropped', 0)} sealed vectors dropped, "
+    done = (
+        f"Forgot {out.get('forgotten', 0):,} record(s) and {out.get('revisions_removed', 0):,} revision(s); vault files rewritten "
+        f"(log epoch {out.get('log_epoch')}, {out.get('vector_entries_dropped', 0)} sealed vectors dropped, "
         f"lexical snapshot {out.get('lexical_snapshot', 'none')}){extra}."
     )
+    emit(fmt, _forget_listing(out, "forgotten", before=out.get("notices", []), after=[done]))

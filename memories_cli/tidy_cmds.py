@@ -8,7 +8,9 @@ import typer
 
 from memoriesd.errors import UsageError
 
-from .state import STATE, call, emit_json, fmt_time, notice, table
+from .formats import ColorOpt, PlainFormatOpt, chosen, emit, md_item
+from .memory_cmds import table_listing
+from .state import call, fmt_time
 
 KINDS = ("conversation", "fact")  # memoriesd.memory.tidy.SUMMARIZE_KINDS
 
@@ -34,6 +36,8 @@ def summarize(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the candidates and their token total (the default).")] = False,
     apply: Annotated[bool, typer.Option("--apply", help="Write the summary and forget the originals for real.")] = False,
     batch_tokens: Annotated[int, typer.Option("--batch-tokens", help="Tokens of record text sent in one generation request (200-100,000): more old records make several summaries.")] = 6000,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
 ) -> None:
     """Condense old conversations (or facts) into one summary record.
 
@@ -41,6 +45,7 @@ def summarize(
     records are sent to the service as untrusted data; only when every reply is a valid summary is the
     summary written (kind memory, tag summary) and the originals forgotten for real, as `memory forget`
     does. Cannot be undone. Never runs on its own."""
+    fmt = chosen(format_, color)
     if kind not in KINDS:
         raise UsageError(f"--kind takes {' or '.join(KINDS)}")
     params: dict[str, Any] = {
@@ -51,25 +56,20 @@ def summarize(
         "batch_tokens": batch_tokens,
     }
     out = call("memory.summarize", params)
-    if STATE.json:
-        emit_json(out)
-        return
-    for n in out.get("notices", []):
-        notice(n)
-    if not out["candidates"]:
-        notice(f"nothing to summarize: no {kind} is {older_than} or more days old")
-        return
-    rows = [[c["id"], c["day"], c["tokens"], c["batch"] or "-", c["title"] or c["text"]] for c in out["candidates"]]
+    cands = out["candidates"]
+    rows = [[c["id"], c["day"], c["tokens"], c["batch"] or "-", c["title"] or c["text"]] for c in cands]
     title = "would be summarized" if out["dry_run"] else "summarized and forgotten"
-    table(["ID", "DATE", "TOKENS", "BATCH", "TEXT"], rows, title=title)
-    n_batches = len(out["batches"])
-    total = f"{len(out['candidates'])} {kind}(s), {out['tokens']:,} tokens ({out['tokenizer']})"
+    total = f"{len(cands)} {kind}(s), {out['tokens']:,} tokens ({out['tokenizer']})"
     if out["dry_run"]:
-        notice(f"{total}; {n_batches} summary record(s) would replace them: run again with --apply to do it.")
-        return
-    for s in out["summaries"]:
-        notice(f"Wrote summary {s['id']}: {s['title']} (replaces {s['replaced']} record(s)).")
-    notice(f"{total}; {_forgot_line(out)}.")
+        after = [f"{total}; {len(out['batches'])} summary record(s) would replace them: run again with --apply to do it."]
+    else:
+        after = [f"Wrote summary {s['id']}: {s['title']} (replaces {s['replaced']} record(s))." for s in out["summaries"]]
+        after.append(f"{total}; {_forgot_line(out)}.")
+    emit(fmt, table_listing(
+        out, cands, ("id", "kind", "title", "text", "day", "tokens", "batch"), (["ID", "DATE", "TOKENS", "BATCH", "TEXT"], rows, title),
+        lambda c: md_item(c, title_key="title" if c["title"] else "text", extra=f"{c['day']}, {c['tokens']:,} tokens" + (f", batch {c['batch']}" if c["batch"] else "")),
+        before=out.get("notices", []), after=after, empty=f"nothing to summarize: no {kind} is {older_than} or more days old",
+    ))
 
 
 def prune(
@@ -79,12 +79,15 @@ def prune(
     never_recalled: Annotated[bool, typer.Option("--never-recalled", help="Facts no search or context pack ever returned.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list the stale facts (the default).")] = False,
     apply: Annotated[bool, typer.Option("--apply", help="Forget them for real.")] = False,
+    format_: PlainFormatOpt = None,
+    color: ColorOpt = "auto",
 ) -> None:
     """Remove stale facts for good.
 
     The facts matching every criterion given (at least one) are forgotten for real, as
     `memory forget` does. Private facts are left alone. Without --apply it only lists them. Cannot be
     undone. Never runs on its own."""
+    fmt = chosen(format_, color)
     if older_than is None and below_importance is None and not never_recalled:
         raise UsageError("say which facts are stale: --older-than DAYS, --below-importance F and/or --never-recalled")
     params: dict[str, Any] = {"vault": vault, "never_recalled": never_recalled, "apply": _apply_flag(dry_run, apply)}
@@ -93,18 +96,18 @@ def prune(
     if below_importance is not None:
         params["below_importance"] = below_importance
     out = call("memory.prune", params)
-    if STATE.json:
-        emit_json(out)
-        return
-    if not out["records"]:
-        notice("nothing to prune")
-        return
-    rows = [[f["id"], f["category"], f["importance"], f["recalls"], fmt_time(f["updated"]), f["text"]] for f in out["records"]]
-    table(["ID", "CATEGORY", "IMPORTANCE", "RECALLS", "UPDATED", "TEXT"], rows, title="would be forgotten" if out["dry_run"] else "forgotten")
+    facts = out["records"]
+    rows = [[f["id"], f["category"], f["importance"], f["recalls"], fmt_time(f["updated"]), f["text"]] for f in facts]
     if out["dry_run"]:
-        notice(f"{len(out['records'])} stale fact(s): run again with --apply to forget them.")
+        after = f"{len(facts)} stale fact(s): run again with --apply to forget them."
     else:
-        notice(_forgot_line(out)[0].upper() + _forgot_line(out)[1:] + ".")
+        after = _forgot_line(out)[0].upper() + _forgot_line(out)[1:] + "."
+    emit(fmt, table_listing(
+        out, facts, ("id", "revision", "category", "key", "text", "importance", "recalls", "last_recall", "updated"),
+        (["ID", "CATEGORY", "IMPORTANCE", "RECALLS", "UPDATED", "TEXT"], rows, "would be forgotten" if out["dry_run"] else "forgotten"),
+        lambda f: md_item(f, title_key="text", extra=f"{f['category']}, importance {f['importance']}, {f['recalls']} recall(s)"),
+        after=[after], empty="nothing to prune",
+    ))
 
 
 def register(app: typer.Typer) -> None:
