@@ -52,6 +52,8 @@ _ids = itertools.count(1)
 class _Replied(MemoriesError):
     """An error reply from the daemon: the connection is still in step and may be reused."""
 
+    notices: list[str]
+
 
 class DaemonLink:
     """Connections to memoriesd that presented the grant; reconnects after a daemon restart.
@@ -94,11 +96,14 @@ class DaemonLink:
             msg = protocol.recv_frame(sock)
             if "progress" in msg:  # progress and keep-alive frames are never shown to the MCP client
                 continue
+            notices = msg.get("notices")
+            about = [str(n) for n in notices] if isinstance(notices, list) else []
             if "error" in msg:
                 err = msg.get("error") or {}
-                raise _Replied(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
-            notices = msg.get("notices")
-            return msg.get("result"), [str(n) for n in notices] if isinstance(notices, list) else []
+                replied = _Replied(str(err.get("message", "unknown error")), code=str(err.get("code", "internal")))
+                replied.notices = about
+                raise replied
+            return msg.get("result"), about
 
     def _target(self) -> str:
         """The socket serving the grant's vault: a vault's process, or the daemon's own."""
@@ -358,9 +363,10 @@ def build_server(link: DaemonLink) -> MCPServer:
             return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
         except MemoriesError as exc:
             err = {"code": exc.code, "message": exc.message}
+            about = [n for n in getattr(exc, "notices", []) if n != exc.message]  # e.g. a restart pending
             return CallToolResult(
-                content=[TextContent(type="text", text=f"error[{exc.code}]: {exc.message}")],
-                structured_content={"error": err},
+                content=[TextContent(type="text", text=f"error[{exc.code}]: {exc.message}" + "".join(f"\nnotice: {n}" for n in about))],
+                structured_content={"error": err, **({"notices": about} if about else {})},
                 is_error=True,
             )
         except Exception:  # never crash the server; the detail stays on stderr

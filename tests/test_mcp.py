@@ -164,7 +164,8 @@ def err(r: CallToolResult) -> tuple[str, str]:
     assert r.is_error, text_of(r)
     assert r.structured_content is not None
     e = r.structured_content["error"]
-    assert text_of(r) == f"error[{e['code']}]: {e['message']}"
+    notes = "".join(f"\nnotice: {n}" for n in r.structured_content.get("notices", []))
+    assert text_of(r) == f"error[{e['code']}]: {e['message']}{notes}"
     return str(e["code"]), str(e["message"])
 
 
@@ -459,6 +460,9 @@ def test_a_config_edit_shows_as_a_restart_notice_in_tool_results_until_undone(en
             r = await call(s, "memory_search", query="zebra")
             seen.append(ok(r))
             assert text_of(r).count("memories daemon restart") == 1  # once, as a notice line
+            failed = await call(s, "memory_read", id=new_record_id())  # an error reply says it too
+            assert err(failed)[0] == "scope_denied" and failed.structured_content is not None
+            assert [n for n in failed.structured_content["notices"] if str(cfg) in n]
         finally:
             cfg.write_text(before)  # compared parsed: the same settings again, nothing pending
         seen.append(ok(await call(s, "memory_search", query="zebra")))
