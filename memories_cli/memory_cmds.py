@@ -14,7 +14,7 @@ import typer
 
 from memoriesd.errors import ConfirmationRequired, UsageError
 
-from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit, md_item
+from .formats import ColorOpt, FormatOpt, Listing, PlainFormatOpt, chosen, emit, md_item
 from .state import STATE, call, emit_json, fmt_time, notice, report, safe_text, table
 
 memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True, rich_markup_mode=None)
@@ -192,14 +192,15 @@ def list_(
     since: Annotated[str | None, typer.Option("--since", metavar="DATE", help="Only records dated on or after this ISO date (YYYY-MM-DD), as for `rag search --since`.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many records (1-100000).")] = 50,
     offset: Annotated[int, typer.Option("--offset", help="Skip this many records first (the next page: --offset 50).")] = 0,
-    format_: PlainFormatOpt = None,
+    format_: FormatOpt = None,
     color: ColorOpt = "auto",
 ) -> None:
     """List records, newest first, a page at a time.
 
     50 records by default, then the total ("showing 1–50 of 5,183 records"); --offset gives the next
     pages. --kind fact lists the current facts with their category, key and recalls. --json gives the
-    page as {"records": [...], "total": N, "offset": N, "limit": N}.
+    page as {"records": [...], "total": N, "offset": N, "limit": N}; --format files the ingested files of
+    the cards listed.
     """
     fmt = chosen(format_, color)
     if limit < 1 or limit > 100_000:
@@ -235,7 +236,7 @@ def list_(
     emit(fmt, Listing(
         document=out,
         items=records,
-        columns=("id", "revision", "kind", "title", "tags", "private", "updated"),
+        columns=("id", "revision", "kind", "title", "tags", "private", "updated", "source"),
         text=text,
         md_item=lambda r: md_item(r, extra=f"{r['kind']}, revision {r['revision']}" + (", private" if r["private"] else "") + "".join(f" #{t}" for t in r["tags"])),
         notices=[shown] if fmt != "json" else [],

@@ -187,6 +187,9 @@ def test_listing_commands_speak_jsonl_csv_and_md(env: Env) -> None:
     assert jl == records
     rows = list(csv.DictReader(io.StringIO(env.cli("memory", "list", env.vid, "--format", "csv").stdout)))
     assert [r["id"] for r in rows] == [r["id"] for r in records] and rows[0]["private"] in ("true", "false")
+    listed = env.cli("memory", "list", env.vid, "--format", "files").stdout.splitlines()
+    assert sorted(listed) == sorted(str(p) for p in env.folder.iterdir())  # the cards' files; the note has none
+    assert [r["source"] for r in records if r["id"] == env.note] == [None]
     vaults = [json.loads(x) for x in env.cli("vault", "list", "--format", "jsonl").stdout.splitlines()]
     assert vaults == cli_json(env.d.home, "vault", "list")["vaults"]
     assert env.cli("vault", "status", "--format", "md").stdout.startswith("- **personal** ")

@@ -332,7 +332,9 @@ def memory_list(app: Any, ctx: Context) -> dict[str, Any]:
     ]
     recs.sort(key=lambda r: (-r.updated, r.id))
     page = recs[offset:] if limit is None else recs[offset : offset + limit]
-    return {"records": [r.summary() for r in page], "total": len(recs), "offset": offset, "limit": limit}
+    # ``source``: a card's file (absolute path), as search results name it; None for other records.
+    records = [r.summary() | {"source": r.meta.get("source") or r.meta.get("path") or None} for r in page]
+    return {"records": records, "total": len(recs), "offset": offset, "limit": limit}
 
 
 @method("memory.update")
