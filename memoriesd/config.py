@@ -130,6 +130,7 @@ class RagConfig:
     fusion: str = "convex"  # hybrid: "convex" (min-max normalised scores) or "rrf" (reciprocal ranks)
     vector_weight: float = 0.0  # hybrid: the vector side's weight, BM25's being 1; 0 = the model's measured default
     background_index: bool = True  # embed missing fragments in the background (local model only)
+    conversation_windows: bool = True  # a vector per two-turn window of conversation fragments (conversations.windows)
     model_idle_minutes: float = 10.0  # release the local model after this long unused; 0 = keep it
     query_cache_items: int = 1000  # query vectors kept in daemon memory (LRU); 0 = no cache
     query_cache_seconds: float = 300.0  # a cached query vector is used for this long

@@ -90,12 +90,15 @@ def recall_at(ranked: list[str], rel: dict[str, int], k: int = 100) -> float:
     return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
 
 
-def start_daemon(home: Path, model_dir: str | None, n_docs: int, precision: str | None = None) -> subprocess.Popen[bytes]:
+def start_daemon(
+    home: Path, model_dir: str | None, n_docs: int, precision: str | None = None, rag_extra: str = ""
+) -> subprocess.Popen[bytes]:
+    """``rag_extra``: more ``[rag]`` settings, one ``key = value`` per line."""
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = [
         "[vault]\nkdf_memory_kib = 65536\nkdf_iterations = 3\nkdf_lanes = 4\n",
         "[daemon]\nauto_lock_minutes = 0\n",
-        "[rag]\noperation_budget_seconds = 3600\non_demand_embed_limit = 0\n",
+        f"[rag]\noperation_budget_seconds = 3600\non_demand_embed_limit = 0\n{rag_extra}",
     ]
     if model_dir:
         cfg.append(f'local_model_dir = "{Path(model_dir).resolve()}"\nlocal_threads = {os.cpu_count() or 2}\n')

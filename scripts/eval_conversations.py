@@ -230,6 +230,8 @@ def main() -> None:
     ap.add_argument("--home", type=Path, default=None,
                     help="run in this Memories home and keep it: a later run reuses its vaults and sealed vectors "
                     "(capturing again is a no-op; a changed fragmenting re-embeds only the new fragments)")
+    ap.add_argument("--no-windows", action="store_true",
+                    help="[rag] conversation_windows = false: no turn-window vectors (the cost and gain of having them)")
     args = ap.parse_args()
     modes = args.mode or ["bm25"]
     if any(m != "bm25" for m in modes) and not args.model_dir:
@@ -239,7 +241,7 @@ def main() -> None:
         ap.error(f"no .json files in {args.dir}")
     tmp = Path(tempfile.mkdtemp(prefix="mconv", dir="/tmp")) if args.home is None else None
     home = (tmp / "h") if tmp is not None else args.home.resolve()
-    proc = start_daemon(home, args.model_dir, 1000)
+    proc = start_daemon(home, args.model_dir, 1000, rag_extra="conversation_windows = false\n" if args.no_windows else "")
     try:
         conn = Conn(home / "run" / "memoriesd.sock")
         for path in files:

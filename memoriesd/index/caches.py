@@ -21,6 +21,7 @@ from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
+from ..conversations.windows import window_id, window_parent
 from ..errors import Cancelled, CapExceeded, MemoriesError
 from ..text.documents import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
@@ -78,6 +79,11 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
     the path under the folder that was ingested, only for a card that has no ``source``)."""
     source = rec.meta.get("source") or rec.meta.get("path") or None
+    windows: tuple[tuple[Fragment, ...], ...] = ()
+    if rec.kind == "conversation":
+        from ..conversations.windows import turn_windows
+
+        windows = turn_windows(rec, fragments)
     return IndexedDoc(
         record_id=rec.id,
         revision=rec.revision,
@@ -87,6 +93,7 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
         source=str(source) if source else None,
         fragments=fragments,
         when=(str(rec.meta.get("session_when") or "") or None) if rec.kind == "conversation" else None,
+        windows=windows,
     )
 
 
@@ -119,6 +126,10 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
     return title, text
 
 
+def _windows_of(doc: IndexedDoc) -> int:
+    return sum(len(w) for w in doc.windows)
+
+
 class VaultIndex:
     """Search state of one unlocked vault (see module docstring). Guarded by ``self.lock``."""
 
@@ -141,6 +152,7 @@ class VaultIndex:
         self._docs: dict[str, IndexedDoc] = {}
         self.generation = -1
         self._n_frags = 0
+        self._n_windows = 0  # turn windows of the live fragments (vectors only)
         self.head: Head | None = None  # the vault head the index reflects (what a snapshot is bound to)
         self.bm25: BM25Index | None = None
         self.keeper: SnapshotKeeper | None = SnapshotKeeper(store, self) if keep_snapshot else None
@@ -168,6 +180,7 @@ class VaultIndex:
                 if got is not None:
                     self.bm25, self._docs, self.head = got
                     self._n_frags = self.bm25.stats.fragments
+                    self._n_windows = sum(_windows_of(d) for d in self._docs.values())
                     self.source_bytes = self.bm25.stats.source_bytes
                     restored = True
             store = self.store
@@ -188,6 +201,7 @@ class VaultIndex:
             # Counted from the change alone: a refresh costs what changed, not the whole vault.
             old = [self._docs[rid] for rid in removed] + [self._docs[r.id] for r in changed if r.id in self._docs]
             n_frags = self._n_frags - sum(len(d.fragments) for d in old) + sum(len(d.fragments) for d in new_docs.values())
+            n_windows = self._n_windows - sum(_windows_of(d) for d in old) + sum(_windows_of(d) for d in new_docs.values())
             size = self.source_bytes - sum(doc_source_bytes(d) for d in old) + sum(doc_source_bytes(d) for d in new_docs.values())
             try:
                 check_caps(n_frags, size, self.cache_cfg)
@@ -195,6 +209,7 @@ class VaultIndex:
                 if self.generation < 0 and self.bm25 is not None:  # a restored index is not kept over the caps
                     self.bm25.close()
                     self.bm25, self._docs, self._n_frags, self.source_bytes = None, {}, 0, 0
+                    self._n_windows = 0
                 raise
             if self.bm25 is None:
                 self.bm25 = BM25Index(list(docs_after.values()))
@@ -202,6 +217,7 @@ class VaultIndex:
                 gone = removed + [r.id for r in changed if r.id in self._docs]
                 if gone:
                     old_ids = [fid for rid in gone for fid in self.bm25.frag_ids(rid)]
+                    old_ids += [w for fid in old_ids for w in self.window_ids(fid)]
                     if self.vectors is not None:  # before the fragments are released: their keys
                         old_keys = [self.vectors.key_of(self, fid) for fid in old_ids]
                         self.vectors.drop(old_ids, old_keys)
@@ -210,6 +226,7 @@ class VaultIndex:
                     self.bm25.add(list(new_docs.values()))
             self._docs = docs_after
             self._n_frags = n_frags
+            self._n_windows = n_windows
             self.source_bytes = size
             self.generation = gen
             self.head = head
@@ -230,21 +247,57 @@ class VaultIndex:
         return self._docs
 
     def fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment]:
-        assert self.bm25 is not None
-        return self.bm25.fragments[frag_id]
+        """A live fragment, or a turn window of one by its (negative) vector key."""
+        got = self.get_fragment(frag_id)
+        if got is None:
+            raise KeyError(frag_id)
+        return got
 
     def get_fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment] | None:
-        """The fragment, or None once its record was changed or removed (the index holds live
-        fragments only: a search that raced a change skips what it found before the change)."""
+        """The fragment (or turn window), or None once its record was changed or removed (the
+        index holds live fragments only: a search that raced a change skips what it found before
+        the change)."""
         bm25 = self.bm25
-        return None if bm25 is None else bm25.fragments.get(frag_id)
+        if bm25 is None:
+            return None
+        if frag_id >= 0:
+            return bm25.fragments.get(frag_id)
+        parent, j = window_parent(frag_id)
+        got = bm25.fragments.get(parent)
+        if got is None:
+            return None
+        doc, frag = got
+        wins = doc.windows[frag.ordinal] if frag.ordinal < len(doc.windows) else ()
+        return (doc, wins[j]) if j < len(wins) else None
 
     def live_frag_ids(self) -> list[int]:
         assert self.bm25 is not None
         return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
 
+    def window_ids(self, frag_id: int) -> list[int]:
+        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.conversations.windows`)."""
+        got = self.bm25.fragments.get(frag_id) if self.bm25 is not None and frag_id >= 0 else None
+        if got is None or not got[0].windows:
+            return []
+        doc, frag = got
+        n = len(doc.windows[frag.ordinal]) if frag.ordinal < len(doc.windows) else 0
+        return [window_id(frag_id, j) for j in range(n)]
+
+    def live_vector_ids(self, windows: bool) -> list[int]:
+        """Keys that should have a vector: every live fragment, then (``windows``) their turn windows."""
+        ids = self.live_frag_ids()
+        if windows and self._n_windows:
+            assert self.bm25 is not None
+            ids += [w for rid, doc in self._docs.items() if doc.windows for fid in self.bm25.frag_ids(rid)
+                    for w in self.window_ids(fid)]
+        return ids
+
     def n_fragments(self) -> int:
         return self._n_frags
+
+    def n_vectors(self, windows: bool) -> int:
+        """How many vectors the live fragments want: one each, plus (``windows``) their turn windows."""
+        return self._n_frags + (self._n_windows if windows else 0)
 
     def check_open(self) -> None:
         """Between the steps of a long build: ``cancelled`` once the vault started closing, so lock
@@ -269,6 +322,7 @@ class VaultIndex:
             self.bm25 = None
             self._docs = {}
             self._n_frags = 0
+            self._n_windows = 0
             if self.vectors is not None:
                 self.vectors.close()
             self.vectors = None

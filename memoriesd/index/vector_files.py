@@ -58,11 +58,12 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 
 
-def live_fragment_keys(store: Any, *, legacy: bool = False) -> list[tuple[str, str | None]]:
+def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True) -> list[tuple[str, str | None]]:
     """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
     records (one per fragment), computed exactly as the index does (same fragments, same
     fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
-    fragment's vector had before content keys (to read or re-key an old sidecar)."""
+    fragment's vector had before content keys (to read or re-key an old sidecar). ``windows``:
+    then the keys of the conversation fragments' turn windows (which never had an old-scheme key)."""
     from .caches import index_doc
 
     fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
@@ -75,6 +76,10 @@ def live_fragment_keys(store: Any, *, legacy: bool = False) -> list[tuple[str, s
             for frag in doc.fragments:
                 title, text = embed_input(doc, frag)
                 out.append((content_key(fp_key, title, text), entry_key(frag.fingerprint, doc.title) if legacy else None))
+            for wins in doc.windows if windows else ():
+                for w in wins:
+                    title, text = embed_input(doc, w)
+                    out.append((content_key(fp_key, title, text), None))
         return out
     finally:
         crypto.wipe(fp_key)
@@ -134,8 +139,11 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
     return stats
 
 
-def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote: bool) -> dict[str, Any] | None:
-    """``rag status`` before vectors are loaded: how many live fragments have a sealed vector.
+def sealed_status(
+    store: Any, *, identity: str | None, dims: int | None, remote: bool, windows: bool = True
+) -> dict[str, Any] | None:
+    """``rag status`` before vectors are loaded: how many live fragments (and, with ``windows``,
+    turn windows) have a sealed vector.
 
     ``identity``/``dims`` are the active embedder's when known without loading a model; else the
     identity this vault used last (local or remote as ``remote`` says) from its space list. Reads
@@ -149,7 +157,7 @@ def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote:
             if not used:
                 if list_sidecars(store.dir):
                     return None  # vectors of an identity this daemon cannot name yet
-                return {"embedded": 0, "total": len(live_fragment_keys(store)), "vector_bytes": 0}
+                return {"embedded": 0, "total": len(live_fragment_keys(store, windows=windows)), "vector_bytes": 0}
             oid = max(used)[1]
             identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
         else:
@@ -170,7 +178,7 @@ def sealed_status(store: Any, *, identity: str | None, dims: int | None, remote:
     finally:
         sealer.wipe()
     legacy = any(is_legacy_key(k) for k in keys)  # a sidecar not re-keyed yet (first attach does it)
-    frag_keys = live_fragment_keys(store, legacy=legacy)
+    frag_keys = live_fragment_keys(store, legacy=legacy, windows=windows)
     embedded = sum(1 for new, old in frag_keys if new in keys or (old is not None and old in keys))
     out: dict[str, Any] = {"model": identity, "embedded": embedded, "total": len(frag_keys)}
     if dims is not None:

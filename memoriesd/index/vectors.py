@@ -115,6 +115,7 @@ class VectorIndex:
         self._scale = np.empty(0, dtype=np.float32)  # int8 only: one per row of _buf
         self._keys: list[int] = []
         self._row: dict[int, int] = {}
+        self._negative = 0  # keys below 0 (turn windows of conversation fragments, by convention)
 
     @classmethod
     def build(
@@ -136,6 +137,11 @@ class VectorIndex:
 
     def __contains__(self, key: object) -> bool:
         return key in self._row
+
+    @property
+    def negative_keys(self) -> int:
+        """How many keys are below 0."""
+        return self._negative
 
     @property
     def nbytes(self) -> int:
@@ -283,6 +289,7 @@ class VectorIndex:
                     row = len(self._keys)
                     self._keys.append(k)
                     self._row[k] = row
+                    self._negative += k < 0
                 rows.append(row)
             at = np.asarray(rows, dtype=np.int64)
             self._buf[at] = codes
@@ -308,6 +315,7 @@ class VectorIndex:
                 self._scale[n0 + start : n0 + start + codes.shape[0]] = scale
         self._keys.extend(keys)
         row_of.update(zip(keys, range(n0, total), strict=True))
+        self._negative += sum(1 for k in keys if k < 0)
         return True
 
     def add_encoded(
@@ -351,6 +359,7 @@ class VectorIndex:
                 self._scale[n0:total] = scales
         self._keys.extend(int_keys)
         self._row.update(zip(int_keys, range(n0, total), strict=True))
+        self._negative += sum(1 for k in int_keys if k < 0)
 
     def remove(self, keys: Iterable[int]) -> int:
         """Drop ``keys`` (absent ones are ignored); returns how many were removed."""
@@ -359,6 +368,7 @@ class VectorIndex:
             row = self._row.pop(int(k), None)
             if row is None:
                 continue
+            self._negative -= int(k) < 0
             last = len(self._keys) - 1
             if row != last:
                 moved = self._keys[last]
@@ -387,6 +397,7 @@ class VectorIndex:
         self._scale = np.empty(0, dtype=np.float32)
         self._keys.clear()
         self._row.clear()
+        self._negative = 0
 
     def _reserve(self, rows: int) -> None:
         if rows <= self._buf.shape[0]:
@@ -429,21 +440,26 @@ class VectorIndex:
         *,
         allowed: Collection[int] | None = None,
         min_score: float | None = None,
+        skip_negative: bool = False,
     ) -> list[tuple[int, float]]:
         """Top ``k`` ``(key, cosine)`` pairs, best first (ties by key).
 
         ``allowed`` restricts the candidates (keys not in the index are ignored);
-        ``min_score`` drops results scoring below it.
+        ``min_score`` drops results scoring below it; ``skip_negative`` leaves out keys below 0.
         """
         n = len(self._keys)
         q = self._query(query)
         if k <= 0 or n == 0 or q is None:
             return []
-        if allowed is None:
+        skip = skip_negative and self._negative > 0
+        if allowed is None and not skip:
             rows = None
             scores = self._rows_scores(None, q)
         else:
-            rows = np.fromiter((self._row[a] for a in allowed if a in self._row), dtype=np.int64)
+            if allowed is None:  # every row whose key is not negative (rows are positions in _keys)
+                rows = np.flatnonzero(np.fromiter(self._keys, dtype=np.int64, count=n) >= 0)
+            else:
+                rows = np.fromiter((self._row[a] for a in allowed if a in self._row and (a >= 0 or not skip)), dtype=np.int64)
             if rows.size == 0:
                 return []
             if rows.size * 4 < n:

@@ -202,7 +202,7 @@ class BackgroundIndexer:
             embedder = engine.embedder()
             space = engine.vector_space(store, idx, embedder)
             missing = space.missing(idx)
-            total = idx.n_fragments()
+            total = idx.n_vectors(space.windows)
             skipped = engine.skipped_count(space)
             job = self.job(vault_id)
             if job is not None and job.state != "running":

@@ -6,7 +6,9 @@ Two blocks, in this order, each item labelled ``[S1]``, ``[S2]``... and always w
    the most recently updated);
 2. *Relevant memories*: the hybrid search's best fragments for the query (facts of any category
    and fragments of notes and cards; with a model, vector neighbours under its evidence floor are
-   left out, as for ``rag ask``), best first, without what the first block already holds.
+   left out, as for ``rag ask``), best first, without what the first block already holds. As for
+   ``rag ask``, a conversation fragment's vector score is lifted by its best turn window
+   (:mod:`memoriesd.conversations.windows`).
 
 Sizes are counted with the embedding model's tokenizer when a local model is in use (special
 tokens excluded; a text longer than the model reads is counted in halves), else estimated: one
@@ -264,7 +266,7 @@ def build_pack(
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
     in_profile = {f.id for f in profile_facts}
-    req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt)
+    req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt, windows=True)
     out = run_search(engine, store, req, ctx)
     found: list[tuple[Any, Any, float, Any]] = []  # (doc, frag, score, record of a fact or conversation)
     for c in out.hits:

@@ -300,7 +300,8 @@ class RagEngine:
             if space is None or space.identity != embedder.identity:
                 if space is not None:
                     space.close()
-                space = VectorSpace(idx, embedder.identity, int(dims), self.config.rag.cache.max_vector_mib)
+                space = VectorSpace(idx, embedder.identity, int(dims), self.config.rag.cache.max_vector_mib,
+                                    windows=self.config.rag.conversation_windows)
                 idx.vectors = space
             space.attach(idx)
             return space
@@ -481,7 +482,7 @@ class RagEngine:
                     "model": space.identity,
                     "dimensions": space.dims,
                     "embedded": len(space.index),
-                    "total": idx.n_fragments(),
+                    "total": idx.n_vectors(space.windows),
                     "skipped": self.skipped_count(space),
                     "vector_bytes": space.nbytes,
                     "vectors_loaded": True,
@@ -493,7 +494,8 @@ class RagEngine:
             out["embedding"]["vectors_loaded"] = False
             # Not loaded yet (unlock, restart): count the sealed vectors of live fragments instead.
             identity, dims = self._known_identity()
-            sealed = sealed_status(store, identity=identity, dims=dims, remote=self.remote_embedding())
+            sealed = sealed_status(store, identity=identity, dims=dims, remote=self.remote_embedding(),
+                                   windows=self.config.rag.conversation_windows)
             if sealed is not None:
                 out["embedding"].update(sealed)
         else:

@@ -56,6 +56,9 @@ class SearchRequest:
     evidence_floor: bool = True  # without min_score: the model's calibrated cosine floor applies (see the module doc)
     candidates: int | None = None
     filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
+    # Conversation fragments ranked by their own vector lifted by their best turn window
+    # (memoriesd.conversations.windows): the answering surfaces (ask, context) set it.
+    windows: bool = False
 
 
 @dataclass
@@ -250,7 +253,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         if narrowed:
             allowed = _allowed_fragments(idx, req, records)
         floor = _floor(engine, embedder, req)
-        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed)
+        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, windows=req.windows)
         if req.match_mode != "any" and pairs:
             keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
             pairs = [(fid, s) for fid, s in pairs if fid in keep]

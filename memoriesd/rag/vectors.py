@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..conversations.windows import search_with_windows
 from ..errors import Cancelled, CapExceeded, InvalidModelOutput, MemoriesError, ModelInputFailed
 from ..index.caches import embed_input
 from ..index.vector_chunks import CONTENT_KEY_HEX, encoding_of_precision
@@ -80,9 +81,10 @@ def _key_hashes(keys: Sequence[str]) -> np.ndarray:
 class VectorSpace:
     """The vectors of one :class:`~memoriesd.index.caches.VaultIndex` under one embedder."""
 
-    def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float) -> None:
+    def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
+        self.windows = windows  # also a vector per turn window of conversation fragments (conversations.windows)
         self.dims = dims
         self.max_vector_mib = max_vector_mib
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
@@ -182,7 +184,7 @@ class VectorSpace:
         fragment in the index with the same input, from the spares in memory, else (first use, or
         spares trimmed) from the sealed sidecar."""
         with self.lock:
-            live = vault_index.live_frag_ids()
+            live = vault_index.live_vector_ids(self.windows)
             missing = self.index.absent(live) if len(self.index) else live
             if len(self.index) > len(live) - len(missing):
                 # An embed pass that raced a change may have added a fragment released just after.
@@ -393,7 +395,7 @@ class VectorSpace:
     def missing(self, vault_index: Any) -> list[int]:
         """Live fragments without a vector, except those recorded as skipped (cannot be embedded)."""
         with self.lock:
-            out = self.index.absent(vault_index.live_frag_ids())
+            out = self.index.absent(vault_index.live_vector_ids(self.windows))
             if self.skipped:
                 out = [fid for fid in out if (got := vault_index.get_fragment(fid)) is not None
                        and self._input_key(*got)[1] not in self.skipped]
@@ -526,11 +528,18 @@ class VectorSpace:
             raise InvalidModelOutput("the embedder returned a vector that is not finite")
         return vecs
 
-    def search(self, query: np.ndarray, k: int, allowed: Any = None, min_score: float | None = None) -> list[tuple[int, float]]:
+    def search(
+        self, query: np.ndarray, k: int, allowed: Any = None, min_score: float | None = None, *, windows: bool = False
+    ) -> list[tuple[int, float]]:
+        """Top ``k`` ``(fragment id, cosine)``. ``windows``: a conversation fragment scores its own
+        cosine lifted by its best turn window (:mod:`memoriesd.conversations.windows`), as the
+        answering surfaces (``rag context``, ``rag ask``) rank; else its own cosine alone."""
         with self.lock:
             if len(self.index) == 0:
                 return []
-            return self.index.search(query, k, allowed=allowed, min_score=min_score)
+            if self.index.negative_keys and windows:
+                return search_with_windows(self.index, query, k, allowed=allowed, min_score=min_score)
+            return self.index.search(query, k, allowed=allowed, min_score=min_score, skip_negative=True)
 
     @property
     def nbytes(self) -> int:

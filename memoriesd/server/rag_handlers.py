@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,7 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
     embedder = engine.embedder()
     space = engine.vector_space(store, idx, embedder)
     missing = space.missing(idx)
-    total = idx.n_fragments()
+    total = idx.n_vectors(space.windows)
     already = total - len(missing)
     t0 = time.monotonic()
     kept = [0]
@@ -293,7 +294,7 @@ def rag_ask(app: Any, ctx: Context) -> dict[str, Any]:
     from ..rag.answer import ask
 
     store = _store(app, ctx)
-    req = _search_request(ctx, query_key="question", default_limit=8)
+    req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface
     out = ask(_engine(app), store, req.query, req, ctx)
     note_recalls(app, store, [c["record_id"] for c in out.get("citations", [])])
     return out

@@ -1,0 +1,145 @@
+"""Turn windows: extra vectors that let a conversation fragment be found by the turns that answer.
+
+A conversation fragment groups up to a dozen turns (:mod:`.fragments`). Its one vector averages
+them all, so a question answered by one exchange inside it ("when did Melanie sign up for the
+pottery class?") scores it lower than the exchange alone would. Besides that vector, each
+fragment of three or more whole turns gets one vector per *window* of :data:`WINDOW_TURNS`
+consecutive turns (a question and its answer, usually), embedded with the same title. A
+fragment's vector score is then its own cosine lifted halfway to its best window's when that is
+higher (:func:`combine`): the whole still counts, so a fragment is not ranked on one stray line,
+the exchange that answers lifts it, and a fragment whose meaning is spread over many turns (no
+window alone as close as the whole) keeps its own score.
+
+The lifted score is what the answering surfaces rank by (``rag context``, ``rag ask``:
+``SearchRequest.windows``), where a budget of a few items wants the passage that answers first;
+``rag search`` ranks by each fragment's own vector, since ten results that cover the most turns
+serve a reader (and multi-hop questions) better: measured both ways (README, Conversations).
+
+Windows are not search results and not lexical fragments: they live in the vector index only,
+under negative keys derived from their fragment's id (:func:`window_id`), and leave with it.
+
+Measured on the LoCoMo dev files with EmbeddingGemma (scripts/eval_conversations.py; README,
+Conversations). Their cost: a fragment of ``n`` turns has ``n - 1`` windows, about twice the
+fragment's text in all, so a conversation takes about three times as long to embed as without them.
+``[rag] conversation_windows = false`` turns them off.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from ..text.fragments import Fragment
+from ..vault.records import Record
+from .fragments import MAX_TURNS, turn_spans
+
+#: Turns per window: a question and its answer.
+WINDOW_TURNS = 2
+#: Window keys per fragment: a fragment holds at most MAX_TURNS (12) turns, so 11 windows.
+MAX_WINDOWS = 32
+_PER_FRAGMENT = min(MAX_WINDOWS, MAX_TURNS - WINDOW_TURNS + 1)  # the most a fragment has
+
+
+def turn_windows(rec: Record, fragments: Sequence[Fragment]) -> tuple[tuple[Fragment, ...], ...]:
+    """For each fragment of a conversation record (in order), its windows: fragments of
+    :data:`WINDOW_TURNS` consecutive whole turns inside it, with the fragment's ordinal. A fragment
+    of fewer than three turns (or part of one long turn) has none. ``()`` when the record's turn
+    metadata does not fit its body."""
+    spans = turn_spans(rec)
+    if not spans:
+        return ()
+    data = rec.body.encode("utf-8")
+    starts = [t.start for t in spans]
+    out: list[tuple[Fragment, ...]] = []
+    for f in fragments:
+        lo = bisect.bisect_left(starts, f.start)
+        hi = lo
+        while hi < len(spans) and spans[hi].end <= f.end:
+            hi += 1
+        inside = spans[lo:hi]
+        if len(inside) <= WINDOW_TURNS:
+            out.append(())
+            continue
+        wins: list[Fragment] = []
+        for j in range(min(len(inside) - WINDOW_TURNS + 1, MAX_WINDOWS)):
+            s, e = inside[j].start, inside[j + WINDOW_TURNS - 1].end
+            try:
+                text = data[s:e].decode("utf-8")
+            except UnicodeDecodeError:  # turn_spans checked the ranges; never cut a character
+                break
+            wins.append(Fragment(rec.id, rec.revision, f.ordinal, s, e, text, ""))
+        out.append(tuple(wins))
+    return tuple(out)
+
+
+def window_id(frag_id: int, j: int) -> int:
+    """The vector key of window ``j`` of fragment ``frag_id`` (negative: never a fragment's)."""
+    if not 0 <= j < MAX_WINDOWS or frag_id < 0:
+        raise ValueError("window index out of range")
+    return -(frag_id * MAX_WINDOWS + j) - 1
+
+
+def window_parent(key: int) -> tuple[int, int]:
+    """``(fragment id, window index)`` of a window key (:func:`window_id`)."""
+    frag_id, j = divmod(-key - 1, MAX_WINDOWS)
+    return frag_id, j
+
+
+def combine(fragment: float | None, best_window: float | None) -> float | None:
+    """A fragment's vector score from its own cosine and its best window's: lifted halfway to its
+    best window when that is closer, never lowered by it (either alone when the other has no
+    vector yet)."""
+    if best_window is None:
+        return fragment
+    if fragment is None:
+        return best_window
+    return fragment + max(0.0, best_window - fragment) / 2
+
+
+def search_with_windows(
+    index: Any, query: Any, k: int, *, allowed: Collection[int] | None = None, min_score: float | None = None
+) -> list[tuple[int, float]]:
+    """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.VectorIndex` that
+    also holds turn windows: each fragment scored by :func:`combine`, best first (ties by id).
+
+    The candidates are the fragments found, by themselves or by one of their windows, among the
+    index's best ``max(4k, k + 256)`` rows; then each candidate's own and window cosines are read
+    exactly. ``allowed`` (fragment ids) lets in their windows too; ``min_score`` applies to the
+    combined score."""
+    if k <= 0:
+        return []
+    if allowed is not None:
+        frags = [f for f in allowed if f >= 0]
+        allowed = set(frags)
+        allowed.update(w for f in frags for j in range(_PER_FRAGMENT) if (w := window_id(f, j)) in index)
+        if not allowed:
+            return []
+    pairs = index.search(query, max(4 * k, k + 256), allowed=allowed)
+    parents = list(dict.fromkeys(key if key >= 0 else window_parent(key)[0] for key, _ in pairs))
+    if not parents:
+        return []
+    own = index.score(query, parents)
+    wins = [(i, w) for i, f in enumerate(parents) for j in range(_PER_FRAGMENT) if (w := window_id(f, j)) in index]
+    best: list[float | None] = [None] * len(parents)
+    for (i, _), score in zip(wins, index.score(query, [w for _, w in wins]), strict=True):
+        if score is not None and (best[i] is None or score > best[i]):
+            best[i] = score
+    out: list[tuple[int, float]] = []
+    for f, o, b in zip(parents, own, best, strict=True):
+        score = combine(o, b)
+        if score is not None and (min_score is None or score >= min_score):
+            out.append((f, score))
+    out.sort(key=lambda p: (-p[1], p[0]))
+    return out[:k]
+
+
+__all__ = [
+    "MAX_WINDOWS",
+    "WINDOW_TURNS",
+    "combine",
+    "search_with_windows",
+    "turn_windows",
+    "window_id",
+    "window_parent",
+]
