@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from memoriesd.conversations.excerpt import excerpts
 from memoriesd.conversations.fragments import split_conversation
 from memoriesd.conversations.windows import (
     MAX_WINDOWS,
@@ -29,6 +30,8 @@ from memoriesd.conversations.windows import (
     window_parent,
 )
 from memoriesd.index.vectors import VectorIndex
+from memoriesd.memory.context import WHOLE_SHARE, PackItem, select
+from memoriesd.text import segment
 from memoriesd.vault.records import Record
 
 from .conftest import Daemon, cli_json, create_vault, short_tmpdir, write_config
@@ -135,8 +138,10 @@ def test_a_fragment_is_scored_by_its_own_cosine_lifted_halfway_to_its_best_windo
     assert got[1] == pytest.approx(own1 + (best1 - own1) / 2, abs=1e-6)
     assert got[2] == pytest.approx(0.6, abs=1e-6)
     assert got[3] == pytest.approx(0.6, abs=1e-6)  # a window farther than its fragment never lowers it
-    ranked = search_with_windows(idx, q, 10)
+    best: dict[int, int] = {}
+    ranked = search_with_windows(idx, q, 10, best_windows=best)
     assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True)
+    assert best == {1: 0, 3: 0}  # each fragment's closest window (2 has none): what a pack excerpts
     assert ranked[0][0] == 1  # 0.29 alone, 0.64 with its close window: past the two at 0.6
 
 
@@ -170,6 +175,55 @@ def test_combine_takes_either_score_alone_when_the_other_is_missing() -> None:
     assert combine(None, None) is None
     assert combine(0.4, None) == 0.4 and combine(None, 0.7) == 0.7
     assert combine(0.4, 0.8) == pytest.approx(0.6) and combine(0.6, 0.2) == 0.6
+
+
+# ---------------------------------------------------------------------------- excerpts in packs
+
+
+@pytest.fixture(scope="module")
+def segmented(tmp_path_factory: pytest.TempPathFactory) -> None:
+    segment.configure(tmp_path_factory.mktemp("jieba"))  # excerpts rank turns with the real BM25 index
+
+
+def _turns_of(rec: Record, rng: tuple[int, int]) -> list[int]:
+    return [i for i, t in enumerate(rec.meta["conversation"]["turns"]) if rng[0] <= t[0] and t[1] <= rng[1]]
+
+
+def test_an_excerpt_chosen_by_a_window_narrows_from_four_turns_to_the_one_that_answers(segmented: None) -> None:
+    rec = _record([("A", "hello there"), ("B", "hi, how was the week"), ("A", "what did you sign up for"),
+                   ("B", "a pottery class on tuesdays"), ("A", "nice, the garden is wet"), ("B", "so is mine")])
+    whole = (0, len(rec.body.encode("utf-8")))
+    cut = excerpts("pottery class", [(rec, *whole)], [2])[0]  # window 2: turns 2 and 3
+    assert cut is not None and cut.by_window
+    assert [_turns_of(rec, f) for f in cut.forms] == [[1, 2, 3, 4], [2, 3, 4], [2, 3], [3]]
+    # A query no turn matches lexically: the window alone says where; the single turn is the answer.
+    cut = excerpts("ceramics lessons", [(rec, *whole)], [2])[0]
+    assert cut is not None and [_turns_of(rec, f) for f in cut.forms][-2:] == [[2, 3], [3]]
+    # No window (bm25 mode, windows off) or one that is not this fragment's: BM25 chooses, as before.
+    for window in (None, 5, -1):
+        cut = excerpts("pottery class", [(rec, *whole)], [window])[0]
+        assert cut is not None and not cut.by_window
+        assert [_turns_of(rec, f) for f in cut.forms] == [[2, 3, 4], [3]]
+    assert excerpts("ceramics lessons", [(rec, *whole)], [None]) == [None]  # nothing says which turns
+
+
+def _conv(n: int, cost: int, excerpt_cost: int, first: bool) -> PackItem:
+    it = PackItem(f"c{n}", 1, "conversation", None, "", "x", None, None, "relevant", cost=cost)
+    it.alt = PackItem(f"c{n}", 1, "conversation", None, "", "y", None, None, "relevant", cost=excerpt_cost)
+    it.excerpt_first = first
+    return it
+
+
+def test_past_half_the_room_conversation_hits_come_as_their_window_excerpts_so_more_fit() -> None:
+    assert WHOLE_SHARE == 0.5
+    items = [_conv(n, 250, 80, True) for n in range(6)]
+    _, chosen, used = select([], items, 1000, 0.3, lambda text: 1)
+    # Whole while less than half the room is used (two), then the windows' excerpts.
+    assert [c.text for c in chosen] == ["x", "x", "y", "y", "y", "y"] and used == 3 + 2 * 251 + 4 * 81
+    # Excerpts BM25 chose (no window) stay a fallback: whole items while they fit (three), then what fits.
+    items = [_conv(n, 250, 80, False) for n in range(6)]
+    _, chosen, used = select([], items, 1000, 0.3, lambda text: 1)
+    assert [c.text for c in chosen] == ["x", "x", "x", "y", "y", "y"] and used == 3 + 3 * 251 + 3 * 81
 
 
 # ---------------------------------------------------------------------------- through the daemon
@@ -263,6 +317,16 @@ def test_the_exchange_that_answers_lifts_its_fragment_in_packs_and_the_setting_t
     # Both restarts found every vector sealed: the service embedded queries, no turn of the vault.
     assert not [t for t in env.svc.texts()[before:] if "Mel:" in t or "Caro:" in t]
     assert env.embedding()["embedded"] == env.embedding()["total"] == 6
+
+
+def test_a_pack_too_small_for_the_fragment_shows_the_window_that_answers(env: Env) -> None:
+    pack = env.cli("rag", "context", env.v, "pottery class", "--mode", "vector", "--budget", "48")
+    items = [i for i in pack["items"] if i["record_id"] == env.talk]
+    assert items and pack["used_tokens"] <= 48, pack["text"]
+    turns = items[0]["conversation"]["turns"]
+    assert "T3" in turns and len(turns) < 5  # "I signed up for a pottery class", not the whole fragment
+    assert "pottery class" in items[0]["text"]
+
 
 
 def test_a_forgotten_conversation_takes_its_window_vectors_with_it(env: Env) -> None:

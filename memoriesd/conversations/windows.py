@@ -98,7 +98,13 @@ def combine(fragment: float | None, best_window: float | None) -> float | None:
 
 
 def search_with_windows(
-    index: Any, query: Any, k: int, *, allowed: Collection[int] | None = None, min_score: float | None = None
+    index: Any,
+    query: Any,
+    k: int,
+    *,
+    allowed: Collection[int] | None = None,
+    min_score: float | None = None,
+    best_windows: dict[int, int] | None = None,
 ) -> list[tuple[int, float]]:
     """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.VectorIndex` that
     also holds turn windows: each fragment scored by :func:`combine`, best first (ties by id).
@@ -106,7 +112,8 @@ def search_with_windows(
     The candidates are the fragments found, by themselves or by one of their windows, among the
     index's best ``max(4k, k + 256)`` rows; then each candidate's own and window cosines are read
     exactly. ``allowed`` (fragment ids) lets in their windows too; ``min_score`` applies to the
-    combined score."""
+    combined score. ``best_windows``, when given, receives each returned fragment's closest window
+    (its index) if it has one: the turns a context pack excerpts."""
     if k <= 0:
         return []
     if allowed is not None:
@@ -122,16 +129,22 @@ def search_with_windows(
     own = index.score(query, parents)
     wins = [(i, w) for i, f in enumerate(parents) for j in range(_PER_FRAGMENT) if (w := window_id(f, j)) in index]
     best: list[float | None] = [None] * len(parents)
-    for (i, _), score in zip(wins, index.score(query, [w for _, w in wins]), strict=True):
+    which: list[int] = [-1] * len(parents)
+    for (i, w), score in zip(wins, index.score(query, [w for _, w in wins]), strict=True):
         if score is not None and (best[i] is None or score > best[i]):
             best[i] = score
+            which[i] = window_parent(w)[1]
     out: list[tuple[int, float]] = []
     for f, o, b in zip(parents, own, best, strict=True):
         score = combine(o, b)
         if score is not None and (min_score is None or score >= min_score):
             out.append((f, score))
     out.sort(key=lambda p: (-p[1], p[0]))
-    return out[:k]
+    out = out[:k]
+    if best_windows is not None:
+        at = {f: i for i, f in enumerate(parents)}
+        best_windows.update((f, which[at[f]]) for f, _ in out if which[at[f]] >= 0)
+    return out
 
 
 __all__ = [

@@ -18,7 +18,9 @@ heading (the relevant block also the blank line before it) once it has an item. 
 
 Priority rule: when everything does not fit, the least relevant memories are left out first
 (relevant items are taken in order of relevance; one that does not fit whole is left out and the
-next, smaller, one may still fit). The profile block is shortened, from its least important end,
+next, smaller, one may still fit; a conversation fragment may come as an excerpt of the turns
+that answer, :mod:`memoriesd.conversations.excerpt`: when it does not fit whole, or, when its
+turn window chose the excerpt, once the items before it fill :data:`WHOLE_SHARE` of the room). The profile block is shortened, from its least important end,
 only when it is over ``[rag] context_profile_share`` of the budget while relevant memories wait
 for the room (when they need less, the profile may use the rest). Budget still left at the end
 takes further profile items that fit.
@@ -54,6 +56,9 @@ from .facts import KIND, category_of, current_facts, profile_order
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
 RELEVANT_HEADING = "## Relevant memories"
+#: Share of the relevant block's room that whole conversation fragments may fill before the next
+#: ones come as excerpts chosen by their turn window (scripts/eval_conversations.py; README).
+WHOLE_SHARE = 0.5
 MIN_BUDGET = 32
 MAX_BUDGET = 1_000_000
 _CJK = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff]")
@@ -118,6 +123,7 @@ class PackItem:
     end: int | None = None
     conversation: dict[str, Any] | None = field(default=None)  # a conversation excerpt: date, speakers, turns
     alt: PackItem | None = None  # a shorter excerpt to take when the whole item does not fit
+    excerpt_first: bool = False  # past WHOLE_SHARE of the room, start from the excerpt (a window chose it)
 
     def line(self, label: str) -> str:
         if self.category is not None:
@@ -157,6 +163,8 @@ def _take(items: list[PackItem], room: int, label_cost: int, trim: Trim | None =
     used = 0
     for it in items:
         form: PackItem | None = it
+        if it.excerpt_first and it.alt is not None and used >= WHOLE_SHARE * room:
+            form = it.alt  # half the room is used: the turns that answer, so that more hits fit
         while form is not None:
             shown = trim(form, chosen) if trim is not None else form
             if shown is None:
@@ -268,7 +276,7 @@ def build_pack(
     in_profile = {f.id for f in profile_facts}
     req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt, windows=True)
     out = run_search(engine, store, req, ctx)
-    found: list[tuple[Any, Any, float, Any]] = []  # (doc, frag, score, record of a fact or conversation)
+    found: list[tuple[Any, Any, float, Any, int]] = []  # (doc, frag, score, record of a fact or conversation, id)
     for c in out.hits:
         got = out.fragment(c.frag_id)
         if got is None:
@@ -283,13 +291,14 @@ def build_pack(
                 rec = store.get(doc.record_id, doc.revision if doc.kind == CONVERSATION else None)
             except Exception:  # noqa: BLE001 - changed meanwhile: not in this pack
                 continue
-        found.append((doc, frag, c.rerank_score if c.rerank_score is not None else c.score, rec))
+        found.append((doc, frag, c.rerank_score if c.rerank_score is not None else c.score, rec, c.frag_id))
     # A conversation fragment that no longer fits whole may still fit as an excerpt of the few turns
     # that match the query best (conversations.excerpt): the pack then holds more distinct hits.
-    convs = [(rec, frag.start, frag.end) for doc, frag, _, rec in found if doc.kind == CONVERSATION]
-    cuts = iter(excerpts(query, convs))
+    convs = [(rec, frag.start, frag.end) for doc, frag, _, rec, _ in found if doc.kind == CONVERSATION]
+    wins = [out.best_windows.get(fid) for doc, _, _, _, fid in found if doc.kind == CONVERSATION]
+    cuts = iter(excerpts(query, convs, wins))
     relevant: list[PackItem] = []
-    for doc, frag, score, rec in found:
+    for doc, frag, score, rec, _ in found:
         category = None
         conversation = None
         if doc.kind == KIND:
@@ -300,16 +309,17 @@ def build_pack(
                         _flat(frag.text), round(float(score), 6), doc.source, "relevant",
                         start=frag.start, end=frag.end, conversation=conversation)
         if doc.kind == CONVERSATION and (cut := next(cuts)) is not None:
-            # Shorter forms, tried in turn when the whole fragment does not fit: the few turns around
-            # the best match, then that turn alone.
+            # Shorter forms, tried in turn when the whole fragment does not fit: the few turns that
+            # match best (by the fragment's closest turn window, else BM25), down to one turn.
             last = item
-            for start, end in ((cut.start, cut.end), cut.best):
+            for start, end in cut.forms:
                 if (start, end) == (last.start, last.end):
                     continue
                 text = rec.body.encode("utf-8")[start:end].decode("utf-8")
                 last.alt = replace(item, text=_flat(text), start=start, end=end, alt=None,
                                    conversation=conversation_view(rec, start, end))
                 last = last.alt
+            item.excerpt_first = cut.by_window
         relevant.append(item)
     count = _counter(engine)
     for it in profile + relevant:
@@ -317,7 +327,7 @@ def build_pack(
         while form is not None:
             form.cost = count(form.body()) + 1
             form = form.alt
-    trim = turn_trimmer({rec.id: rec for doc, _, _, rec in found if doc.kind == CONVERSATION}, count)
+    trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION}, count)
     chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count, trim)
     items: list[dict[str, Any]] = []
     lines: list[str] = []

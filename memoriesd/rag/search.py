@@ -73,6 +73,9 @@ class SearchOutcome:
     # The fragments this search found, as they were when found (a change during the search
     # releases them from the index, never from a result).
     frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    # With SearchRequest.windows: the closest turn window (its index) of each conversation
+    # fragment the vector side found (memoriesd.conversations.windows).
+    best_windows: dict[int, int] = field(default_factory=dict)
     # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
     # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).
     scale: str | None = None
@@ -253,7 +256,8 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         if narrowed:
             allowed = _allowed_fragments(idx, req, records)
         floor = _floor(engine, embedder, req)
-        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, windows=req.windows)
+        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, windows=req.windows,
+                                                        best_windows=out.best_windows)
         if req.match_mode != "any" and pairs:
             keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
             pairs = [(fid, s) for fid, s in pairs if fid in keep]

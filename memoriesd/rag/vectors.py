@@ -529,16 +529,25 @@ class VectorSpace:
         return vecs
 
     def search(
-        self, query: np.ndarray, k: int, allowed: Any = None, min_score: float | None = None, *, windows: bool = False
+        self,
+        query: np.ndarray,
+        k: int,
+        allowed: Any = None,
+        min_score: float | None = None,
+        *,
+        windows: bool = False,
+        best_windows: dict[int, int] | None = None,
     ) -> list[tuple[int, float]]:
         """Top ``k`` ``(fragment id, cosine)``. ``windows``: a conversation fragment scores its own
         cosine lifted by its best turn window (:mod:`memoriesd.conversations.windows`), as the
-        answering surfaces (``rag context``, ``rag ask``) rank; else its own cosine alone."""
+        answering surfaces (``rag context``, ``rag ask``) rank, and ``best_windows`` receives
+        which window that was; else its own cosine alone."""
         with self.lock:
             if len(self.index) == 0:
                 return []
             if self.index.negative_keys and windows:
-                return search_with_windows(self.index, query, k, allowed=allowed, min_score=min_score)
+                return search_with_windows(self.index, query, k, allowed=allowed, min_score=min_score,
+                                           best_windows=best_windows)
             return self.index.search(query, k, allowed=allowed, min_score=min_score, skip_negative=True)
 
     @property
