@@ -180,7 +180,7 @@ class VaultIndex:
                 if got is not None:
                     self.bm25, self._docs, self.head = got
                     self._n_frags = self.bm25.stats.fragments
-                    self._n_windows = sum(_windows_of(d) for d in self._docs.values())
+                    self._n_windows = sum(_windows_of(d) for d in self._docs.values() if d.windows)
                     self.source_bytes = self.bm25.stats.source_bytes
                     restored = True
             store = self.store
@@ -201,7 +201,9 @@ class VaultIndex:
             # Counted from the change alone: a refresh costs what changed, not the whole vault.
             old = [self._docs[rid] for rid in removed] + [self._docs[r.id] for r in changed if r.id in self._docs]
             n_frags = self._n_frags - sum(len(d.fragments) for d in old) + sum(len(d.fragments) for d in new_docs.values())
-            n_windows = self._n_windows - sum(_windows_of(d) for d in old) + sum(_windows_of(d) for d in new_docs.values())
+            n_windows = self._n_windows - sum(_windows_of(d) for d in old if d.windows) + sum(
+                _windows_of(d) for d in new_docs.values() if d.windows
+            )
             size = self.source_bytes - sum(doc_source_bytes(d) for d in old) + sum(doc_source_bytes(d) for d in new_docs.values())
             try:
                 check_caps(n_frags, size, self.cache_cfg)
