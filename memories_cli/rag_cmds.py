@@ -182,6 +182,9 @@ def status_rows(out: dict[str, Any], vault: str) -> tuple[list[tuple[str, str]],
     embedded, total = emb.get("embedded"), emb.get("total")
     if embedded is not None and total:
         line = f"{embedded:,} of {total:,} fragments have vectors ({percent(embedded, total)})"
+        if frags is not None and 0 < frags < total:  # the rest: conversation turn windows
+            line = (f"{embedded:,} of {total:,} vectors made ({percent(embedded, total)}): one per fragment and "
+                    f"{total - frags:,} for conversation turn windows")
         if emb.get("skipped"):
             line += f"; {emb['skipped']:,} the model cannot embed (still found by bm25)"
         if emb.get("vectors_loaded") is False:
@@ -355,15 +358,23 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
     seconds = time.monotonic() - started
     skipped = int(out.get("skipped") or 0)
     result = {"embedded": embedded_total, "skipped": skipped, "total": out["total"], "seconds": round(seconds, 3), "model": out["model"]}
-    report(result, index_summary(embedded_total, skipped, int(out["total"]), seconds))
+    fragments = out.get("fragments")
+    if fragments is not None:
+        result["fragments"] = fragments  # the rest of total: conversation turn windows
+    report(result, index_summary(embedded_total, skipped, int(out["total"]), seconds, None if fragments is None else int(fragments)))
 
 
-def index_summary(embedded: int, skipped: int, total: int, seconds: float) -> str:
-    """The plain last line of `rag index` (the model's identity hash is in --json only)."""
+def index_summary(embedded: int, skipped: int, total: int, seconds: float, fragments: int | None = None) -> str:
+    """The plain last line of `rag index` (the model's identity hash is in --json only). With
+    ``fragments`` under ``total``, the rest are conversation turn windows: counted as vectors."""
+    windows = total - fragments if fragments is not None and 0 < fragments < total else 0
+    unit = "vector" if windows else "fragment"
     took = f"{seconds:.1f} s" if seconds < 90 else duration(seconds)
-    rate = f" ({embedded / seconds:,.1f} fragments/s)" if embedded and seconds > 0 else ""
-    line = f"Embedded {embedded:,} fragment{'s' if embedded != 1 else ''} in {took}{rate}; skipped {skipped:,}"
+    rate = f" ({embedded / seconds:,.1f} {unit}s/s)" if embedded and seconds > 0 else ""
+    line = f"Embedded {embedded:,} {unit}{'s' if embedded != 1 else ''} in {took}{rate}; skipped {skipped:,}"
     line += " the model cannot embed (still found by bm25)" if skipped else ""
+    if windows:
+        return line + f". {total - skipped:,} of {total:,} vectors made: one per fragment ({fragments:,}) and {windows:,} for conversation turn windows."
     return line + f". {total - skipped:,} of {total:,} fragments have vectors."
 
 

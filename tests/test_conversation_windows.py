@@ -34,7 +34,7 @@ from memoriesd.memory.context import WHOLE_SHARE, PackItem, select
 from memoriesd.text import segment
 from memoriesd.vault.records import Record
 
-from .conftest import Daemon, cli_json, create_vault, short_tmpdir, write_config
+from .conftest import Daemon, cli_json, create_vault, run_cli, short_tmpdir, write_config
 from .embed_server import EmbeddingService
 
 PASS = "correct horse"
@@ -327,6 +327,15 @@ def test_a_pack_too_small_for_the_fragment_shows_the_window_that_answers(env: En
     assert "T3" in turns and len(turns) < 5  # "I signed up for a pottery class", not the whole fragment
     assert "pottery class" in items[0]["text"]
 
+
+
+def test_rag_index_and_status_count_window_vectors_apart_from_fragments(env: Env) -> None:
+    r = run_cli(env.d.home, "rag", "index", env.v)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 0. 6 of 6 vectors made: one per fragment (2) and 4 for conversation turn windows." in r.stdout + r.stderr
+    assert env.cli("rag", "index", env.v)["fragments"] == 2
+    r = run_cli(env.d.home, "rag", "status", env.v)
+    assert "6 of 6 vectors made (100%): one per fragment and 4 for conversation turn windows" in r.stdout, r.stdout
 
 
 def test_a_forgotten_conversation_takes_its_window_vectors_with_it(env: Env) -> None:

@@ -248,6 +248,7 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
         "remaining": max(0, len(space.missing(idx)) if not changed else len(missing) - embedded),
         "skipped": skipped,
         "total": total,
+        "fragments": idx.n_fragments(),  # the rest of total: conversation turn windows
         "model": space.identity,
         "seconds": round(time.monotonic() - t0, 3),
         "changed": changed,
@@ -283,6 +284,7 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
         "remaining": job.remaining,
         "skipped": job.skipped,
         "total": job.total,
+        "fragments": idx.n_fragments() if idx is not None else job.total,  # the rest of total: turn windows
         "model": model,
         "seconds": round(time.monotonic() - t0, 3),
         "changed": False,
