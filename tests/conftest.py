@@ -159,6 +159,13 @@ def run_cli(home: Path, *args: str, input: str | bytes | None = None, env: dict[
     )
 
 
+def cli_ok(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI, which must succeed (its stderr is the failure message)."""
+    r = run_cli(home, *args, env=env)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def cli_json(home: Path, *args: str, input: str | None = None) -> Any:
     r = run_cli(home, "--json", *args, input=input)
     assert r.returncode == 0, r.stderr

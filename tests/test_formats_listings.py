@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, cli_json, create_vault, run_cli, running_daemon
+from .conftest import Daemon, cli_json, cli_ok, create_vault, run_cli, running_daemon
 
 GRANT_COLUMNS = ["grant_id", "vault_id", "label", "scopes", "cards_only", "created", "expires", "expired", "last_used"]
 FORGET_COLUMNS = ["id", "kind", "category", "title", "text", "revisions", "deleted", "match", "score"]
@@ -31,9 +31,7 @@ class Env:
     notes: list[str]  # memory records
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        r = run_cli(self.d.home, *args, env=env)
-        assert r.returncode == 0, r.stderr
-        return r
+        return cli_ok(self.d.home, *args, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from .conftest import REPO, Daemon, cli_json, create_vault, run_cli, running_daemon
+from .conftest import REPO, Daemon, cli_json, cli_ok, create_vault, run_cli, running_daemon
 
 NARROW = {"COLUMNS": "80"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -50,9 +50,7 @@ class Env:
     note: str
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        r = run_cli(self.d.home, *args, env=env)
-        assert r.returncode == 0, r.stderr
-        return r
+        return cli_ok(self.d.home, *args, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
-from ..conversations.windows import window_id, window_parent
+from ..conversations.fragments import split_conversation
+from ..conversations.windows import turn_windows, window_id, window_parent
 from ..errors import Cancelled, CapExceeded, MemoriesError
 from ..text.documents import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
@@ -63,8 +64,6 @@ def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
     """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
     (the vault's fingerprint subkey), and its searchable title and metadata."""
     if rec.kind == "conversation":  # cut at turn boundaries
-        from ..conversations.fragments import split_conversation
-
         frags = split_conversation(rec, fp_key)
     else:
         frags = split_fragments(rec.id, rec.revision, rec.body, fp_key, skip=body_start(rec))
@@ -81,8 +80,6 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     source = rec.meta.get("source") or rec.meta.get("path") or None
     windows: tuple[tuple[Fragment, ...], ...] = ()
     if rec.kind == "conversation":
-        from ..conversations.windows import turn_windows
-
         windows = turn_windows(rec, fragments)
     return IndexedDoc(
         record_id=rec.id,
