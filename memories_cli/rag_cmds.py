@@ -128,10 +128,20 @@ def ingest(
         out = call("rag.ingest", params, progress=on_progress)
     for r in out["refused"]:
         sys.stderr.write(safe_text(f"refused: {r['path']}: {r['message']}") + "\n")
+    if out.get("skipped_outside"):
+        n = int(out["skipped_outside"])
+        shown = list(out.get("skipped_outside_paths") or [])
+        names = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
+        sys.stderr.write(safe_text(f"{n:,} skipped: {_outside_links(n)} ({names}); to include what "
+                                   f"{'it points' if n == 1 else 'one points'} to, ingest that by name") + "\n")
     moved = f", moved {out['moved']}" if out.get("moved") else ""
     report(out, f"added {out['added']:,}, updated {out['updated']:,}, unchanged {out['unchanged']:,}{moved}, refused {len(out['refused']):,}" + (f", pruned {out['pruned']:,}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
+
+
+def _outside_links(n: int) -> str:
+    return "a symbolic link pointing outside the folder" if n == 1 else "symbolic links pointing outside the folder"
 
 
 def _ingest_path(arg: str) -> str:
@@ -243,6 +253,8 @@ def _watch_line(w: dict[str, Any]) -> str:
         line += f", {w['ingested']} ingested, {w['moved']} moved, {w['removed']} removed"
     if w.get("refused"):
         line += f", {w['refused']} refused in the last sync"
+    if w.get("skipped_outside"):
+        line += f", {w['skipped_outside']} skipped in the last sync ({_outside_links(int(w['skipped_outside']))})"
     if w.get("error"):
         line += f": {w['error']}"
     elif w.get("notice"):

@@ -106,7 +106,7 @@ def test_a_symlink_to_an_undecodable_path_is_refused_and_the_rest_ingested(vault
     docs.mkdir()
     for i in range(5):
         (docs / f"good{i}.md").write_text(f"# Good {i}\n\nkept {i}\n")
-    real = os.fsencode(d.home.parent) + b"/real\xff"
+    real = os.fsencode(docs) + b"/.real\xff"  # hidden, inside docs: a link leading out of docs is skipped unread
     os.mkdir(real)
     with open(real + b"/t.md", "wb") as fh:
         fh.write(b"# Target\n\nbehind a link\n")

@@ -4,7 +4,9 @@ A file's resolved absolute path (safe metadata ``source``) is its card's identit
 working directory it was named from (the CLI makes paths absolute) and however it was named (``..``,
 symbolic links to its folder): it is also the ``source`` results show. An unchanged file is a
 no-op, a changed file a new revision of the same card, and a new path whose bytes are those of a
-card whose file is gone is that file moved or renamed: the card keeps its id. Records
+card whose file is gone is that file moved or renamed: the card keeps its id. In a directory
+(``--recursive``) a symbolic link whose real path is outside that directory is never read: it is
+skipped and reported (``skipped_outside``); a link named on the command line is followed. Records
 are made durable in groups (one fsync + head commit per group); a file is reported only once its
 group is durable, so an interrupted ingest leaves every reported file in the vault and no partial
 card.
@@ -48,6 +50,8 @@ class IngestReport:
     pruned: int = 0
     refused: list[dict[str, str]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
+    # Symbolic links found in a directory that lead out of it (never read), as shown paths.
+    skipped_outside: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +61,8 @@ class IngestReport:
             "moved": self.moved,
             "pruned": self.pruned,
             "refused": self.refused,
+            "skipped_outside": len(self.skipped_outside),
+            "skipped_outside_paths": self.skipped_outside,
             "records": self.records,
         }
 
@@ -109,10 +115,12 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
         if not p.is_absolute():
             raise UsageError("ingest paths must be absolute (the CLI resolves them)")
     keys = PathKeys()
-    files, problems = discover(roots, recursive=req.recursive, keys=keys)
+    outside: list[Path] = []
+    files, problems = discover(roots, recursive=req.recursive, keys=keys, outside=outside)
     dir_roots = [r for r in roots if _is_dir(r)] + ([Path(req.base)] if req.base else [])
     for path, why in problems:
         report.refused.append({"path": str(path), "message": why})
+    report.skipped_outside = [_relative(p, dir_roots) for p in outside]
     existing = _cards_by_source(store)
     moves = _Moves(existing)
     total = len(files)

@@ -345,8 +345,25 @@ def _undecodable_target(resolved: str) -> str:
     )
 
 
-def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or under it (both absolute and resolved)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def leaves_folder(path: str, real_folder: str) -> bool:
+    """Whether ``path`` is a symbolic link whose real path is outside ``real_folder`` (resolved).
+
+    Such a link found in a folder is never read: a folder shared or synced from elsewhere must not
+    pull ``../outside/secret.txt`` (or ``/home/me/.ssh``) into the vault. A link loop resolves to
+    where it stands (``os.path.realpath`` stops), so it never hangs this.
+    """
+    return os.path.islink(path) and not _inside(os.path.realpath(path), real_folder)
+
+
+def _expand_dir(root: Path, problems: list[tuple[Path, str]], outside: list[Path] | None = None) -> list[Path]:
+    """The text files under ``root``; links (files or folders) that lead out of it go to ``outside``."""
     found: list[Path] = []
+    real_root = os.path.realpath(root)
 
     def onerror(exc: OSError) -> None:
         where = Path(exc.filename) if exc.filename else root
@@ -362,6 +379,10 @@ def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
             if is_undecodable(d):  # nothing under it could be named in a card or a message
                 problems.append((Path(display_path(os.path.join(dirpath, d))), _UNDECODABLE_DIR))
                 continue
+            if leaves_folder(os.path.join(dirpath, d), real_root):  # never followed anyway: said so
+                if outside is not None:
+                    outside.append(Path(dirpath) / d)
+                continue
             kept.append(d)
         dirnames[:] = kept
         for fn in sorted(filenames):
@@ -370,6 +391,10 @@ def _expand_dir(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
             p = Path(dirpath) / fn
             if is_undecodable(p):
                 problems.append((Path(display_path(p)), _UNDECODABLE_FILE))
+                continue
+            if leaves_folder(str(p), real_root):
+                if outside is not None:
+                    outside.append(p)
                 continue
             try:
                 mode = p.stat().st_mode
@@ -409,15 +434,18 @@ class PathKeys:
 
 
 def discover(
-    paths: list[Path], *, recursive: bool, keys: PathKeys | None = None
+    paths: list[Path], *, recursive: bool, keys: PathKeys | None = None, outside: list[Path] | None = None
 ) -> tuple[list[Path], list[tuple[Path, str]]]:
     """Files to import from command-line paths, and (path, reason) for those that cannot be.
 
     Named files are taken whatever their extension (:func:`parse_document`
-    judges them). A directory is expanded only with ``recursive`` into its
-    ``*.md``, ``*.markdown`` and ``*.txt`` files, in sorted order, skipping
-    hidden files and directories and not following symlinked directories.
-    Each file appears once, in the order first seen.
+    judges them), and a named symbolic link is followed wherever it leads. A
+    directory is expanded only with ``recursive`` into its ``*.md``,
+    ``*.markdown`` and ``*.txt`` files, in sorted order, skipping hidden files
+    and directories and not following symlinked directories; a symbolic link
+    in it (file or directory) whose real path is outside the directory is
+    skipped and listed in ``outside``. Each file appears once, in the order
+    first seen.
     """
     files: list[Path] = []
     problems: list[tuple[Path, str]] = []
@@ -442,7 +470,7 @@ def discover(
                 if not recursive:
                     problems.append((p, "is a directory: pass --recursive to import the files in it"))
                     continue
-                for f in _expand_dir(p, problems):
+                for f in _expand_dir(p, problems, outside):
                     add(f)
             elif p.is_file():
                 add(p)

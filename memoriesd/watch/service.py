@@ -79,6 +79,7 @@ class Folder:
     notice: str | None = None  # from the last sync: cards kept because the folder was found empty
     refused_count: int = 0  # in the last sync
     refused: list[dict[str, str]] = field(default_factory=list)
+    skipped_outside: int = 0  # in the last sync: symbolic links that lead out of the folder (never read)
 
     @property
     def state(self) -> str:
@@ -107,6 +108,7 @@ class Folder:
             "removed": self.removed,
             "refused": self.refused_count,
             "refusals": list(self.refused),
+            "skipped_outside": self.skipped_outside,
         }
 
 
@@ -395,6 +397,7 @@ class WatchService:
             folder.moved += result.moved
             folder.removed += result.removed
             folder.refused_count, folder.refused = result.refused_count, result.refused
+            folder.skipped_outside = result.skipped_outside
             folder.notice = (
                 f"the folder was found empty, so the {result.held} card(s) of its missing files were kept (an "
                 "unmounted disk looks like an empty folder): if the notes are gone for good, delete the cards "

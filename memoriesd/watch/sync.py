@@ -4,7 +4,8 @@ A sync gets the paths that changed (files) and the folders to rescan (a folder c
 deleted, or the whole watched folder at unlock). Files that exist go through
 :func:`~memoriesd.rag.ingest.run_ingest` (its refusals, its group-commit durability, its no-op for
 unchanged files and its moved-file detection); with ``prune``, the cards of files that are gone are
-deleted. Nothing is ever pruned while the watched folder itself is missing or unreadable, nor
+deleted. A symbolic link in the folder whose real path is outside it (a file or a folder) is never
+read: it is skipped and counted (``skipped_outside``). Nothing is ever pruned while the watched folder itself is missing or unreadable, nor
 under a subfolder that could not be read; and a rescan that finds the watched folder empty prunes
 nothing either (an unmounted disk leaves an empty mount point): only the deletion of a file seen
 as it happens removes the card of the last file.
@@ -21,7 +22,7 @@ from typing import Any
 
 from ..config import WatchConfig
 from ..rag.ingest import IngestRequest, run_ingest
-from ..text.documents import TEXT_SUFFIXES
+from ..text.documents import TEXT_SUFFIXES, leaves_folder
 from ..vault.records import Record, now
 from ..vault.store import VaultStore
 
@@ -48,6 +49,7 @@ class SyncResult:
     refused: list[dict[str, str]] = field(default_factory=list)
     refused_count: int = 0
     retry: set[str] = field(default_factory=set)  # files that changed while they were read
+    skipped_outside: int = 0  # symbolic links that lead out of the watched folder (never read)
 
     @property
     def changed(self) -> int:
@@ -104,14 +106,17 @@ def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def scan(root: str, start: str, watch: WatchConfig, exclude: str) -> tuple[list[str], list[str]]:
+def scan(root: str, start: str, watch: WatchConfig, exclude: str, outside: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Files of the watch under ``start`` (a folder in ``root``), and folders that could not be read.
 
     Symbolic links to folders are never entered (``os.walk`` does not follow them), so a link loop
     cannot make the walk endless; hidden folders and the Memories home (``exclude``) are skipped.
+    Links (to files or folders) whose real path is outside ``root`` are left out and go to ``outside``.
     """
     files: list[str] = []
     unreadable: list[str] = []
+    real_root = os.path.realpath(root)
+    away = outside if outside is not None else []
 
     def onerror(exc: OSError) -> None:
         unreadable.append(str(exc.filename) if exc.filename else start)
@@ -119,12 +124,13 @@ def scan(root: str, start: str, watch: WatchConfig, exclude: str) -> tuple[list[
     for dirpath, dirnames, filenames in os.walk(start, onerror=onerror):
         if watch.recursive:
             dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not _under(os.path.join(dirpath, d), exclude))
+            away.extend(sub for sub in (os.path.join(dirpath, d) for d in dirnames) if leaves_folder(sub, real_root))
         else:
             dirnames[:] = []
         for fn in sorted(filenames):
             p = os.path.join(dirpath, fn)
             if wanted(os.path.relpath(p, root), watch):
-                files.append(p)
+                (away if leaves_folder(p, real_root) else files).append(p)
     return files, unreadable
 
 
@@ -164,25 +170,28 @@ def sync(
     gone: list[str] = []
     gone_folders: list[str] = []
     unreadable: list[str] = []
+    outside: list[str] = []
     empty_root = False
     for folder in sorted(set(folders)):
         if not folder_wanted(folder, root, watch) or (folder != root and _under(folder, exclude)):
             continue
         if os.path.isdir(folder) and not os.path.islink(folder):
-            found, bad = scan(root, folder, watch, exclude)
+            found, bad = scan(root, folder, watch, exclude, outside)
             empty_root = empty_root or (folder == root and not found)
             files.update(dict.fromkeys(found))
             unreadable.extend(bad)
         gone_folders.append(folder)  # cards under it whose file is gone are pruned too
     for p in sorted(set(paths)):
-        if p in files or _under(p, exclude) or not wanted(os.path.relpath(p, root), watch):
+        if p in files or p in outside or _under(p, exclude) or not wanted(os.path.relpath(p, root), watch):
             continue
         if os.path.lexists(p):
-            if not os.path.isdir(p):
+            if leaves_folder(p, real_root):
+                outside.append(p)
+            elif not os.path.isdir(p):
                 files[p] = None
         else:
             gone.append(p)
-    result = SyncResult()
+    result = SyncResult(skipped_outside=len(set(outside)))
     if files:
         _ingest(store, watch, ctx, list(files), max_bytes, result)
     if watch.prune:
