@@ -22,7 +22,10 @@
   ``dia_id`` and an optional ``blip_caption``, ``session_N_date_time`` like "1:56 pm on 8 May,
   2023"), one conversation per session; also a list of such samples (``{"conversation": ...}``).
 
-Bad input is a :class:`~memoriesd.errors.UsageError` in one line saying what to do.
+Bad input is a :class:`~memoriesd.errors.UsageError` in one line saying what to do; so is a lone
+UTF-16 surrogate (a JSON ``"\ud800"`` escape: half of a character, which no UTF-8 text can hold)
+in anything that would be kept, named with its line. One in a part that is left out (a tool result)
+is left out with it.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import UsageError
 from ..text.documents import parse_front_matter
+from ..text.unicode import unpaired_surrogate
 from .model import Conversation, derived_title, parse_iso, renumber, session_when
 
 FORMATS = ("auto", "jsonl", "markdown", "locomo")
@@ -69,6 +74,9 @@ def parse(
     if date is not None and parse_iso(date) is None:
         raise UsageError(f"--date {date[:40]!r} is not an ISO date: use e.g. 2023-05-08 or 2023-05-08T13:56")
     text = text.lstrip("\ufeff").replace("\r\n", "\n")
+    raw = unpaired_surrogate(text)  # in the text itself (a client sent it escaped): Markdown can hold one so
+    if raw is not None:
+        raise _surrogate_refused(text[raw], text.count("\n", 0, raw) + 1)
     if not text.strip():
         raise UsageError("the conversation is empty: give a file that holds its turns")
     kind, data = _detect(text)
@@ -85,7 +93,42 @@ def parse(
     for c in convs:
         if len(c.turns) > MAX_TURNS:
             raise UsageError(f"the conversation has {len(c.turns):,} turns, over {MAX_TURNS:,}: split it into several files")
+    for c in convs:  # decoded from a JSON escape: refused before anything is stored
+        for value in _kept_strings(c):
+            at = unpaired_surrogate(value)
+            if at is not None:
+                raise _surrogate_refused(value[at], _escape_line(text, value[at]))
     return convs
+
+
+def _kept_strings(c: Conversation) -> Iterator[str]:
+    for t in c.turns:
+        yield from (v for v in (t.speaker, t.text, t.time, t.ref) if v)
+    yield from (v for v in (c.title, c.session_id, c.date) if v)
+
+
+def _surrogate_refused(char: str, line: int | None) -> UsageError:
+    where = f" at line {line}" if line is not None else ""
+    return UsageError(
+        f"the transcript holds an unpaired UTF-16 surrogate (\\u{ord(char):04x}){where}: half of a character "
+        "(often an emoji cut in two by the program that wrote it), which UTF-8 text cannot hold; remove it or "
+        "write the whole character, then capture again"
+    )
+
+
+def _escape_line(text: str, char: str) -> int | None:
+    """The line of the first JSON escape of ``char`` (a surrogate) that is not half of a pair, if any.
+
+    An escape counts when an even number of backslashes precedes it (``\\\\ud800`` is text); a first
+    half is lone when no second half's escape follows it, a second half when no first half's precedes it.
+    """
+    code = rf"(?<!\\)(?:\\\\)*\\u(?i:{ord(char):04x})"
+    if ord(char) < 0xDC00:
+        pattern = code + r"(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    else:
+        pattern = r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})" + code
+    m = re.search(pattern, text)
+    return None if m is None else text.count("\n", 0, m.start()) + 1
 
 
 # ---------------------------------------------------------------------------- detection

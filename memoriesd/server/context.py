@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, InvalidParams
+from ..text.unicode import unpaired_surrogate
 
 _MISSING = object()
 
@@ -28,7 +29,12 @@ class Params:
             raise InvalidParams(f"missing parameter {name}")
         return value
 
-    def text(self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None) -> Any:
+    def text(
+        self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None,
+        allow_surrogates: bool = False,
+    ) -> Any:
+        """A string parameter. ``allow_surrogates``: the caller refuses lone surrogates itself, saying
+        where they are (a transcript's line)."""
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -38,7 +44,8 @@ class Params:
             raise InvalidParams(f"parameter {name} must not be empty")
         if max_len is not None and len(value) > max_len:
             raise InvalidParams(f"parameter {name} is too long (at most {max_len} characters)")
-        _check_unicode(name, value)
+        if not allow_surrogates:
+            _check_unicode(name, value)
         return value
 
     def integer(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
@@ -90,10 +97,8 @@ class Params:
 
 def _check_unicode(name: str, value: str) -> None:
     """JSON can carry lone surrogates ("\\ud800"), which no UTF-8 file can hold: refuse them here."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidParams(f"parameter {name} is not valid Unicode text (it holds a lone surrogate)") from None
+    if unpaired_surrogate(value) is not None:
+        raise InvalidParams(f"parameter {name} is not valid Unicode text (it holds a lone surrogate)")
 
 
 @dataclass

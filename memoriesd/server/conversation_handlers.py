@@ -22,7 +22,7 @@ def memory_capture(app: Any, ctx: Context) -> dict[str, Any]:
     or revised); then extraction, when asked and allowed (the hook at the end)."""
     p = ctx.params
     store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
-    text = p.text("text")
+    text = p.text("text", allow_surrogates=True)  # parse() refuses a lone surrogate, naming its line
     fmt = p.choice("format", FORMATS, "auto")
     title = p.text("title", None, max_len=MAX_TITLE)
     date = p.text("date", None, max_len=100)
