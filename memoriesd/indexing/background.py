@@ -13,6 +13,7 @@ a second pass beside it; ``rag status`` shows its state, rate and ETA.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +26,10 @@ log = logging.getLogger("memoriesd.indexing")
 
 #: Fragments per background chunk: small, so lock and queries wait little behind it.
 CHUNK_FRAGMENTS = 8
+#: Tests only: while the file this variable names exists, the worker holds each chunk before it embeds
+#: (its job stays "running", its lease held, lock and stop still cancel it), so a test can search, lock
+#: or auto-lock a vault mid-indexing whatever the machine's speed. Never set it otherwise.
+HOLD_ENV = "MEMORIES_TEST_HOLD_BACKGROUND"
 
 
 class _Work:
@@ -212,6 +217,7 @@ class BackgroundIndexer:
                 self._set(vault_id, state="done", rate=None)
                 log.info("background indexing of vault %s done (%d fragments)", vault_id, total)
                 return True
+            _hold_for_tests(ctx)
             t0 = time.monotonic()
             try:
                 n = engine.embed_missing(store, idx, space, embedder, missing[:CHUNK_FRAGMENTS], ctx, background=True)
@@ -238,6 +244,14 @@ class BackgroundIndexer:
             return True
         finally:
             ctx.release()
+
+
+def _hold_for_tests(ctx: _Work) -> None:
+    """See :data:`HOLD_ENV`: a test's gate, checked for lock and stop while it is closed."""
+    path = os.environ.get(HOLD_ENV)
+    while path and os.path.exists(path):
+        ctx.check_cancelled()
+        ctx.stop.wait(0.02)
 
 
 __all__ = ["BackgroundIndexer", "Job", "CHUNK_FRAGMENTS"]
