@@ -21,6 +21,7 @@ from memoriesd.config import load_config
 from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
 from memoriesd.index.vector_store import VectorStore, list_sidecars
+from memoriesd.indexing.background import HOLD_ENV
 from memoriesd.server.context import Context, Params
 from memoriesd.server.daemon import App
 from memoriesd.vault import crypto
@@ -67,6 +68,15 @@ def make_app() -> Iterator[Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _wait_for(what: str, cond: Any, timeout: float = 60.0) -> None:
+    """Until ``cond()`` is true, or fail after a deadline generous for a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
 def _notes(app: App, vault: str, n: int, words: int = 60) -> None:
     rnd = random.Random(n)
     vocab = "cat dog coffee tea mountain river piano guitar bank money doctor vault key search".split()
@@ -106,13 +116,16 @@ def test_lock_racing_searches_never_answers_internal_and_leaves_no_index(make_ap
                 codes.append(code)
             except BaseException as exc:  # noqa: BLE001 - anything but a MemoriesError is a defect
                 crashes.append(exc)
+                return
 
     threads = [threading.Thread(target=searcher) for _ in range(3)]
     for t in threads:
         t.start()
     try:
         for _ in range(25):
-            time.sleep(random.uniform(0, 0.03))
+            # Lock while the searchers are at work: once one search of this unlock has succeeded.
+            mark = len(codes)
+            _wait_for("a search of the unlocked vault", lambda m=mark: crashes or None in codes[m:])
             live = app.vaults.live(vid)
             assert app.vaults.lock(vid)
             # Locked: its index is closed and unreachable, its keys wiped, its records gone.
@@ -126,7 +139,7 @@ def test_lock_racing_searches_never_answers_internal_and_leaves_no_index(make_ap
             t.join(30)
     assert not crashes
     assert set(codes) - {None} <= RACE_CODES, set(codes)
-    assert codes.count(None) > 0
+    assert codes.count(None) >= 25
 
 
 def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_app: Any, tmp_path: Path) -> None:
@@ -172,23 +185,37 @@ def test_lock_during_rag_index_cancels_it_and_nothing_is_sealed_after(make_app: 
     app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\nbackground_index = false\n')
     vid = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
     _notes(app, vid, 300)
+    live = app.vaults.live(vid)
+    assert live is not None
     out: dict[str, Any] = {}
+    batches = threading.Event()
+
+    def on_progress(_frame: dict[str, Any]) -> None:
+        # After the first batch, hold the pass until the lock has begun: it is provably mid-way then.
+        if not batches.is_set():
+            batches.set()
+            _wait_for("the lock to begin", lambda: not live.is_open)
 
     def indexer() -> None:
-        out["result"], out["code"] = try_call(app, "rag.index", vault=vid)
+        ctx = Context(Params({"vault": vid}), send_progress=on_progress)
+        try:
+            out["result"], out["code"] = app.dispatch("rag.index", ctx), None
+        except MemoriesError as exc:
+            out["result"], out["code"] = None, exc.code
 
     t = threading.Thread(target=indexer)
     t.start()
-    time.sleep(0.3)
+    assert batches.wait(60), "rag index sent no progress"
     assert app.vaults.lock(vid)
-    t.join(60)
-    assert out["code"] in (None, "cancelled", "vault_locked")
     sizes = {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)}
-    time.sleep(0.3)
-    assert {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)} == sizes  # nothing written after lock
+    t.join(60)
+    assert not t.is_alive()
+    assert out["code"] == "cancelled" and out["result"] is None
+    assert sizes and {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)} == sizes  # nothing written after lock
     call(app, "vault.unlock", vault=vid, passphrase=PW)
     status = call(app, "rag.status", vault=vid)
-    assert status["embedding"]["embedded"] <= status["embedding"]["total"]
+    # The batch sealed before the lock is kept; the rest of the pass was cancelled.
+    assert 0 < status["embedding"]["embedded"] < status["embedding"]["total"]
 
 
 def test_passwd_racing_writes_loses_nothing_and_never_reopens_the_log(make_app: Any) -> None:
@@ -214,6 +241,9 @@ def test_passwd_racing_writes_loses_nothing_and_never_reopens_the_log(make_app: 
     phrases = [PW, "second phrase", "third phrase"]
     try:
         for i in range(12):
+            # Each change races writes: it comes once a write after the previous one was acknowledged.
+            mark = len(acked)
+            _wait_for("an acknowledged write", lambda m=mark: errors or len(acked) > m)
             call(app, "vault.passwd", vault=vid, old=phrases[i % 3], new=phrases[(i + 1) % 3])
             if i % 4 == 3:
                 call(app, "vault.compact", vault=vid)
@@ -228,7 +258,7 @@ def test_passwd_racing_writes_loses_nothing_and_never_reopens_the_log(make_app: 
     store = VaultStore.open(app.home.vaults / vid, passphrase=final.encode())
     try:
         assert {r.id for r in store.latest()} == set(acked)
-        assert len(acked) > 10
+        assert len(acked) >= 12
     finally:
         store.close()
 
@@ -258,8 +288,11 @@ def test_compaction_racing_updates_keeps_every_acknowledged_revision(make_app: A
         t.start()
     try:
         for _ in range(15):
+            # Each compaction races updates: it comes once every record was updated since the previous one.
+            with lock:
+                seen = dict(last)
+            _wait_for("an update of every record", lambda s=seen: bad or all(last.get(r, 0) > s.get(r, 0) for r in ids))
             call(app, "vault.compact", vault=vid)
-            time.sleep(0.01)
     finally:
         stop.set()
         for t in threads:
@@ -324,14 +357,17 @@ def test_an_update_between_reading_and_writing_an_ingested_card_is_not_an_intern
 
 
 def test_auto_lock_never_closes_a_vault_in_use(make_app: Any) -> None:
-    app = make_app("[daemon]\nauto_lock_minutes = 0.0001\n")
+    app = make_app("[daemon]\nauto_lock_minutes = 1\n")
     vid = call(app, "vault.create", name="idle", passphrase=PW)["vault_id"]
+    live = app.vaults.live(vid)
+    assert live is not None
     ctx = Context(Params({}))
     app.vaults.use(vid, ctx)
-    time.sleep(0.05)
+    live.last_used = time.monotonic() - 3600  # idle for an hour by the clock, but leased
     assert app.vaults.expire_idle() == []
-    ctx.release()
-    time.sleep(0.05)
+    ctx.release()  # the end of the use counts as use
+    assert app.vaults.expire_idle() == []
+    live.last_used = time.monotonic() - 3600
     assert app.vaults.expire_idle() == [vid]
 
 
@@ -341,28 +377,27 @@ def test_lock_waits_for_a_leased_operation_and_refuses_new_ones(make_app: Any) -
     ctx = Context(Params({}))
     store = app.vaults.use(vid, ctx)
     done = threading.Event()
+    live = app.vaults.live(vid)
+    assert live is not None
     t = threading.Thread(target=lambda: (app.vaults.lock(vid), done.set()))
     t.start()
-    time.sleep(0.2)
+    _wait_for("the lock to begin", lambda: not live.is_open)
     assert not done.is_set() and not store.closed  # waiting for the lease
     assert try_call(app, "memory.list", vault=vid)[1] == "vault_locked"  # no new work meanwhile
     with pytest.raises(MemoriesError) as err:
         ctx.check_cancelled()  # the leased operation is told to stop
     assert err.value.code == "cancelled"
     ctx.release()
-    t.join(10)
+    t.join(60)
     assert done.is_set() and store.closed and store.key.wiped
 
 
-class _SlowEmbeddings:
-    """A real OpenAI-compatible embeddings server on 127.0.0.1: batches of more than one input
-    take ``batch_seconds``; a single input (a query, the dimension probe) answers at once."""
+class _Embeddings:
+    """A real OpenAI-compatible embeddings server on 127.0.0.1 (made-up vectors, answered at once)."""
 
-    def __init__(self, batch_seconds: float) -> None:
+    def __init__(self) -> None:
         import json
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -371,8 +406,6 @@ class _SlowEmbeddings:
             def do_POST(self) -> None:
                 data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 inputs = data["input"] if isinstance(data["input"], list) else [data["input"]]
-                if len(inputs) > 1:
-                    time.sleep(outer.batch_seconds)
                 vecs = [[float(len(t) % 7 + 1), float(t.count("e") + 1), 1.0, float(i % 3)] for i, t in enumerate(inputs)]
                 body = json.dumps({"object": "list", "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vecs)]}).encode()
                 self.send_response(200)
@@ -381,7 +414,6 @@ class _SlowEmbeddings:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.batch_seconds = batch_seconds
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/embeddings"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -392,45 +424,76 @@ class _SlowEmbeddings:
 
 
 def test_a_long_rag_index_lets_searches_of_other_vaults_embed_between_its_batches(make_app: Any) -> None:
-    svc = _SlowEmbeddings(batch_seconds=0.4)
+    svc = _Embeddings()
     try:
         app = make_app(f'[rag.embedding]\nprotocol = "compatible"\nurl = "{svc.url}"\nmodel = "m"\n')
         a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
         b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
-        _notes(app, a, 200)  # 200 fragments: 7 batches, about 2.8 s
-        _notes(app, b, 3)
-        done = threading.Event()
-        t = threading.Thread(target=lambda: (call(app, "rag.index", vault=a), done.set()))
+        _notes(app, a, 200)  # 200 fragments: 7 batches
+        _notes(app, b, 3)  # embedded by the search itself (on demand), then its query
+        between = threading.Event()
+        searched = threading.Event()
+        waited: list[bool] = []
+
+        def on_progress(_frame: dict[str, Any]) -> None:
+            # After its first batch, the pass waits (between batches) for the search of b.
+            if not between.is_set():
+                between.set()
+                waited.append(searched.wait(60))
+
+        out: dict[str, Any] = {}
+
+        def index() -> None:
+            out["index"] = app.dispatch("rag.index", Context(Params({"vault": a}), send_progress=on_progress))
+
+        t = threading.Thread(target=index)
         t.start()
-        time.sleep(0.6)
-        res = call(app, "rag.search", vault=b, query="coffee", mode="vector")
-        searched_while_indexing = not done.is_set()
-        t.join(60)
-        assert res["results"] and done.is_set()
-        assert searched_while_indexing, "the search waited for the whole rag index pass"
+        try:
+            assert between.wait(60), "rag index sent no progress"
+            res = call(app, "rag.search", vault=b, query="coffee", mode="vector")
+        finally:
+            searched.set()
+            t.join(60)
+        assert res["results"] and res["missing_vectors"] == 0
+        assert waited == [True], "the search waited for the whole rag index pass"
+        assert out["index"]["remaining"] == 0 and out["index"]["embedded"] == out["index"]["total"] == 200
     finally:
         svc.close()
 
 
-def test_lock_during_background_indexing_pauses_it_and_nothing_is_sealed_after(make_app: Any, tmp_path: Path) -> None:
+def test_lock_during_background_indexing_pauses_it_and_nothing_is_sealed_after(
+    make_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
+    hold = tmp_path / "hold-background"
+    monkeypatch.setenv(HOLD_ENV, str(hold))  # while this file exists the worker holds before each chunk
     app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n')
     vid = call(app, "vault.create", name="bg", passphrase=PW)["vault_id"]
+    background = app.rag.background
+
+    def state() -> str | None:
+        job = background.job(vid)
+        return None if job is None else job.state
+
     for round_ in range(5):
+        hold.touch()
         _notes(app, vid, 60)  # each add queues the vault for the background worker
-        time.sleep(random.uniform(0, 0.05))
+        # The worker is mid-job (its chunk holds a lease), with these 60 notes still to embed.
+        _wait_for("the background job to run", lambda: state() == "running")
         live = app.vaults.live(vid)
         assert app.vaults.lock(vid)
         assert live is not None and live.store.key.wiped
+        assert state() == "paused", round_
         sizes = {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)}
-        time.sleep(0.2)
+        # A barrier through the one worker: once it has handled the locked vault again, any step of
+        # it that was under way at the lock is over too.
+        hold.unlink()
+        background.request(vid)
+        assert background.wait(vid, 60) is not None and state() == "paused", round_
         assert {p: p.stat().st_size for p in list_sidecars(app.home.vaults / vid)} == sizes, round_
-        job = app.rag.background.job(vid)
-        assert job is None or job.state in ("paused", "done")
-        call(app, "vault.unlock", vault=vid, passphrase=PW)
-    deadline = time.monotonic() + 60
-    while app.rag.background.job(vid).state != "done" and time.monotonic() < deadline:  # type: ignore[union-attr]
-        time.sleep(0.05)
+        call(app, "vault.unlock", vault=vid, passphrase=PW)  # resumes the job: it embeds until the next round's hold
+    job = background.wait(vid, 120)
+    assert job is not None and job.state == "done", job
     emb = call(app, "rag.status", vault=vid)["embedding"]
     assert emb["state"] == "done" and emb["embedded"] == emb["total"] == 300
