@@ -3,9 +3,9 @@
 * :class:`Mirror` — a threaded HTTP/1.1 server on 127.0.0.1 that serves files
   (with ``Range`` support) and answers POSTs, with fault injection through
   scripted responses: a status with headers and body, a delay before the
-  answer, a connection dropped after N body bytes, a body trickled slowly, a
-  server that ignores ``Range``. Optionally HTTPS (see :func:`make_test_ca`).
-  Every request is recorded (method, path, headers, body).
+  answer or an answer held until the test releases it, a connection dropped
+  after N body bytes, a body trickled slowly, a server that ignores ``Range``.
+  Optionally HTTPS (see :func:`make_test_ca`). Every request is recorded (method, path, headers, body).
 * :class:`ConnectProxy` — records the ``CONNECT host:port`` line (and headers)
   it receives, answers 502 and closes.
 * :class:`Socks5Proxy` — speaks the SOCKS5 greeting, records the CONNECT
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 _RANGE_RE = re.compile(r"^bytes=(\d+)-(\d*)$")
+HOLD_SECONDS = 120.0
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Scripted:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
     delay: float = 0.0  # seconds before answering
+    #: Answer only once this event is set (at most HOLD_SECONDS): a request provably in flight for as
+    #: long as the test needs, whatever the machine's speed. The test sets it when done (also on failure).
+    hold: threading.Event | None = None
     drop_after: int | None = None  # send the full headers, then this many body bytes, then close
     trickle: tuple[int, float] | None = None  # (bytes per write, seconds between writes)
     ignore_range: bool = False  # answer 200 with the whole file even if Range was asked
@@ -94,6 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
         step = step or Scripted(ignore_range=mirror.ignore_range)
         if step.delay:
             time.sleep(step.delay)
+        if step.hold is not None:
+            step.hold.wait(HOLD_SECONDS)
         try:
             if step.body is not None or step.status != 200 or path not in mirror.files:
                 if step.body is not None:

@@ -6,7 +6,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -21,7 +21,7 @@ from .conftest import (
     short_tmpdir,
     write_config,
 )
-from .servers import Mirror, Scripted
+from .servers import ConnectProxy, Mirror, Scripted
 
 KEY = "sk-live-7c1f0a9e2b3d4c5e6f708192-TOPSECRET"
 CHAT = "/v1/chat/completions"
@@ -45,12 +45,12 @@ def server() -> Iterator[Mirror]:
         yield m
 
 
-def _daemon(server: Mirror, extra: str = "", protocol: str = "compatible", path: str = CHAT) -> Daemon:
+def _daemon(server: Mirror, extra: str = "", protocol: str = "compatible", path: str = CHAT, timeout: float = 1.5) -> Daemon:
     root = short_tmpdir()
     home = root / "h"
     cfg = (
         f'[rag.generation]\nprotocol = "{protocol}"\nurl = "{server.url}{path}"\nmodel = "test-model"\napi_key_env = "MEM_TEST_KEY"\n'
-        "[rag.http]\nretries = 2\nbackoff_ms = 10\ntimeout_seconds = 1.5\n" + extra
+        f"[rag.http]\nretries = 2\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n" + extra
     )
     write_config(home, cfg)
     return Daemon(home, env={"MEM_TEST_KEY": KEY}).start()
@@ -62,6 +62,26 @@ def gdaemon(server: Mirror) -> Iterator[Daemon]:
     yield d
     d.stop()
     shutil.rmtree(d.home.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def patient(server: Mirror) -> Iterator[Daemon]:
+    """A daemon whose generation requests never time out while a test holds their answer."""
+    d = _daemon(server, timeout=120)
+    yield d
+    d.stop()
+    shutil.rmtree(d.home.parent, ignore_errors=True)
+
+
+def _wait(what: str, cond: Callable[[], object], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _late_answer(held: threading.Event) -> Scripted:
+    return Scripted.json(200, {"choices": [{"message": {"content": json.dumps({"answer": "late [S1]", "citations": ["S1"]})}}]}, hold=held)
 
 
 def _seed(d: Daemon) -> tuple[str, str]:
@@ -227,28 +247,34 @@ def test_generation_not_configured_says_how(daemon: Daemon) -> None:
     assert r.returncode == 1 and r.stderr.startswith("error[generation_not_configured]") and "[rag.generation]" in r.stderr
 
 
-def test_device_only_vault_refuses_remote_before_any_connection(server: Mirror) -> None:
+def test_device_only_vault_refuses_remote_before_any_connection() -> None:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, '[rag.generation]\nprotocol = "compatible"\nurl = "https://generation.example.invalid/v1/chat/completions"\nmodel = "m"\n')
-    d = Daemon(home).start()
-    try:
-        r = run_cli(home, "vault", "create", "dev", "--device-only", "--passphrase-stdin", input="pw\n")
-        vid = r.stdout.strip().splitlines()[-1]
-        d.call("memory.add", {"vault": vid, "body": "backup the vault"})
-        t0 = time.monotonic()
-        r = run_cli(home, "rag", "ask", vid, "backup?")
-        assert r.returncode == 1 and r.stderr.startswith("error[device_only]"), r.stderr
-        assert "generation.example.invalid" in r.stderr and "device-only" in r.stderr
-        assert time.monotonic() - t0 < 5  # no DNS lookup or connection attempt to wait for
-        assert d.call("vault.status", {"vault": vid})["device_only"] is True
-        d.call("vault.policy", {"vault": vid, "device_only": False})
-        with pytest.raises(DaemonError) as ei:
-            d.call("rag.ask", {"vault": vid, "question": "backup?"})
-        assert ei.value.code != "device_only"  # now it tries (and fails to reach the .invalid host)
-    finally:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with ConnectProxy() as proxy:  # every connection to a remote host goes through it: it records each one
+        write_config(
+            home,
+            '[rag.generation]\nprotocol = "compatible"\nurl = "https://generation.example.invalid/v1/chat/completions"\nmodel = "m"\n'
+            'api_key_env = "MEM_TEST_KEY"\n'
+            f'[rag.http]\nretries = 0\nproxy_url = "{proxy.url}"\n',
+        )
+        d = Daemon(home, env={"MEM_TEST_KEY": KEY}).start()
+        try:
+            r = run_cli(home, "vault", "create", "dev", "--device-only", "--passphrase-stdin", input="pw\n")
+            vid = r.stdout.strip().splitlines()[-1]
+            d.call("memory.add", {"vault": vid, "body": "backup the vault"})
+            r = run_cli(home, "rag", "ask", vid, "backup?")
+            assert r.returncode == 1 and r.stderr.startswith("error[device_only]"), r.stderr
+            assert "generation.example.invalid" in r.stderr and "device-only" in r.stderr
+            assert proxy.lines == []  # no connection attempt (and no DNS lookup: the proxy would resolve)
+            assert d.call("vault.status", {"vault": vid})["device_only"] is True
+            d.call("vault.policy", {"vault": vid, "device_only": False})
+            with pytest.raises(DaemonError) as ei:
+                d.call("rag.ask", {"vault": vid, "question": "backup?"})
+            assert ei.value.code != "device_only"  # now it tries (and the proxy refuses it)
+            assert proxy.lines == ["CONNECT generation.example.invalid:443 HTTP/1.1"], ei.value
+        finally:
+            d.stop()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_device_only_vault_with_a_remote_embedding_service_searches_bm25_by_default() -> None:
@@ -286,36 +312,38 @@ def test_gemini_protocol_generation(server: Mirror) -> None:
         shutil.rmtree(d.home.parent, ignore_errors=True)
 
 
-def test_lock_during_inflight_ask_cancels_and_drops_late_answer(gdaemon: Daemon, server: Mirror) -> None:
-    vid, _ = _seed(gdaemon)
-    server.add(CHAT, Scripted.json(200, {"choices": [{"message": {"content": json.dumps({"answer": "late [S1]", "citations": ["S1"]})}}]}, delay=2.0))
+def test_lock_during_inflight_ask_cancels_and_drops_late_answer(patient: Daemon, server: Mirror) -> None:
+    vid, _ = _seed(patient)
+    held = threading.Event()  # the answer comes only after the lock
+    server.add(CHAT, _late_answer(held))
     result: dict = {}
-
-    def ask() -> None:
-        result["msg"] = gdaemon.request("rag.ask", {"vault": vid, "question": "backup?"})
-
-    t = threading.Thread(target=ask)
+    t = threading.Thread(target=lambda: result.update(msg=patient.request("rag.ask", {"vault": vid, "question": "backup?"})))
     t.start()
-    deadline = time.monotonic() + 5
-    while not server.seen(CHAT) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    gdaemon.call("vault.lock", {"vault": vid})
-    t.join(10)
+    try:
+        _wait("the generation request", lambda: server.seen(CHAT))
+        patient.call("vault.lock", {"vault": vid})  # does not wait for the held answer
+        t.join(60)
+        assert not t.is_alive(), "the ask waited for the held answer"
+    finally:
+        held.set()
+        t.join(60)
     assert result["msg"]["error"]["code"] == "cancelled", result
 
 
-def test_source_change_during_ask_cancels(gdaemon: Daemon, server: Mirror) -> None:
-    vid, rid = _seed(gdaemon)
-    server.add(CHAT, Scripted.json(200, {"choices": [{"message": {"content": json.dumps({"answer": "late [S1]", "citations": ["S1"]})}}]}, delay=1.5))
+def test_source_change_during_ask_cancels(patient: Daemon, server: Mirror) -> None:
+    vid, rid = _seed(patient)
+    held = threading.Event()  # the answer comes only after the change
+    server.add(CHAT, _late_answer(held))
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(msg=gdaemon.request("rag.ask", {"vault": vid, "question": "backup?"})))
+    t = threading.Thread(target=lambda: result.update(msg=patient.request("rag.ask", {"vault": vid, "question": "backup?"})))
     t.start()
-    deadline = time.monotonic() + 5
-    while not server.seen(CHAT) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    gdaemon.call("memory.update", {"vault": vid, "id": rid, "body": "changed text about backup"})
-    t.join(10)
-    assert result["msg"]["error"]["code"] == "cancelled"
+    try:
+        _wait("the generation request", lambda: server.seen(CHAT))
+        patient.call("memory.update", {"vault": vid, "id": rid, "body": "changed text about backup"})
+    finally:
+        held.set()
+        t.join(60)
+    assert result["msg"]["error"]["code"] == "cancelled", result
 
 
 def test_remote_embeddings_are_checked_and_sealed(server: Mirror) -> None:

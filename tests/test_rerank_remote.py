@@ -6,7 +6,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -126,26 +126,39 @@ def test_only_the_compatible_protocol_is_accepted(server: Mirror, client: HttpCl
     assert server.seen() == []
 
 
+def _wait(what: str, cond: Callable[[], object], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_lock_during_a_remote_rerank_stops_its_retries(server: Mirror) -> None:
     config = (
         f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
         f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{PATH}"\nmodel = "bge"\n'
-        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 5\n"
+        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 60\n"  # a held answer waits for the test
     )
     with running_daemon(config) as d:
         vid = create_vault(d)
         d.call("memory.add", {"vault": vid, "body": "backup keys live in the safe"})
         emb = {"data": [{"index": 0, "embedding": [1.0, 0.0, 0.0]}]}
         server.add("/v1/embeddings", Scripted.json(200, emb), Scripted.json(200, emb))
-        server.add(PATH, *[Scripted.json(503, {"error": "busy"}, delay=0.6) for _ in range(4)])
+        held = threading.Event()  # the first rerank answer (503) comes only once the lock has begun
+        server.add(PATH, *[Scripted.json(503, {"error": "busy"}, hold=held) for _ in range(4)])
         box: dict = {}
         t = threading.Thread(target=lambda: box.update(msg=d.request("rag.search", {"vault": vid, "query": "backup keys", "mode": "hybrid"})))
+        locker = threading.Thread(target=lambda: d.call("vault.lock", {"vault": vid}))
         t.start()
-        deadline = time.monotonic() + 10
-        while not server.seen(PATH) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        d.call("vault.lock", {"vault": vid})
-        t.join(15)
+        try:
+            _wait("the rerank request", lambda: server.seen(PATH))
+            locker.start()  # it waits for the search, whose rerank request is held
+            _wait("the lock to begin", lambda: d.request("memory.list", {"vault": vid}).get("error", {}).get("code") == "vault_locked")
+        finally:
+            held.set()
+            t.join(60)
+            if locker.ident is not None:
+                locker.join(60)
         assert box["msg"]["error"]["code"] in ("cancelled", "vault_locked"), box["msg"]
-        time.sleep(0.8)
+        assert d.call("vault.status", {"vault": vid})["locked"]
         assert len(server.seen(PATH)) == 1  # the 503 is not retried once the vault is locked

@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -53,16 +54,18 @@ def _start(config: str, *, device_only: bool = False) -> tuple[Daemon, str]:
     return d, vid
 
 
-def _gen_config(url: str) -> str:
+def _gen_config(url: str, timeout: float = 2) -> str:
     return (
         f'[rag.generation]\nprotocol = "compatible"\nurl = "{url}"\nmodel = "test-model"\n'
-        "[rag.http]\nretries = 1\nbackoff_ms = 10\ntimeout_seconds = 2\n"
+        f"[rag.http]\nretries = 1\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n"
     )
 
 
 @pytest.fixture
-def gd(server: Mirror) -> Iterator[tuple[Daemon, str]]:
-    d, vid = _start(_gen_config(server.url + CHAT))
+def gd(request: pytest.FixtureRequest, server: Mirror) -> Iterator[tuple[Daemon, str]]:
+    """A daemon with a generation service; ``@pytest.mark.parametrize("gd", [seconds], indirect=True)``
+    sets its HTTP timeout (a test that holds an answer must not see it time out)."""
+    d, vid = _start(_gen_config(server.url + CHAT, getattr(request, "param", 2)))
     with server.lock:
         server.requests.clear()
         server.script.clear()
@@ -234,21 +237,26 @@ def test_a_failing_or_malformed_model_reply_forgets_nothing(gd: tuple[Daemon, st
         assert live_ids(d, vid) == set(old)
 
 
+@pytest.mark.parametrize("gd", [120], indirect=True)
 def test_a_record_changed_while_the_summary_is_pending_cancels_it(gd: tuple[Daemon, str], server: Mirror) -> None:
     d, vid = gd
     old = remember(d, vid, "The user prefers oat milk.", "The user prefers rye bread.")
-    server.add(CHAT, Scripted(200, {"Content-Type": "application/json"}, summary_reply("Oat milk, rye bread.").body, delay=1.5))
+    held = threading.Event()  # the summary comes only after the change
+    server.add(CHAT, Scripted(200, {"Content-Type": "application/json"}, summary_reply("Oat milk, rye bread.").body, hold=held))
     proc = subprocess.Popen([sys.executable, "-m", "memories_cli.main", "--home", str(d.home), "memory", "summarize", vid,
                              "--older-than", "0", "--kind", "fact", "--apply"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while not server.seen(CHAT) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while not server.seen(CHAT):
+            assert time.monotonic() < deadline and proc.poll() is None, "the summary was never asked for"
             time.sleep(0.02)
         # The same text with another importance: a new revision of the first fact while the reply is pending.
         revised = d.call("memory.remember", {"vault": vid, "text": "The user prefers oat milk.", "category": "preference", "importance": 0.9})
         assert revised["action"] == "updated"
-        _, stderr = proc.communicate(timeout=30)
+        held.set()
+        _, stderr = proc.communicate(timeout=120)
     finally:
+        held.set()
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
@@ -367,7 +375,7 @@ def test_a_grant_with_every_scope_can_neither_summarize_nor_prune(gd: tuple[Daem
     old = remember(d, vid, "The user prefers oat milk.")
     scopes = ["search", "read", "retrieve", "ask", "context", "remember", "forget", "forget-all"]
     token = d.call("grant.create", {"vault": vid, "scopes": scopes})["token"]
-    s = d.connect()
+    s = d.connect(token=token)
     try:
         assert d.request("session.grant", {"token": token}, sock=s)["result"]["verified"] is True
         for method, params in (
