@@ -6,10 +6,9 @@ A running request is never silent that long: the daemon sends a keep-alive progr
 ``{"id": N, "progress": {"keepalive": true}}`` every ``[daemon] keepalive_seconds`` (10), which is
 never passed on to a progress callback. Either timeout is ``daemon_unreachable``.
 
-Vault processes (``[daemon] vault_process = true``): a request for a vault is sent to the process
-serving that vault, which the daemon names first (``vault.route``: a socket path, no content), so
-the main daemon never reads a note, a query or a passphrase. For a locked vault the route's error
-is raised without sending the request at all. A one-process daemon answers "send it here".
+Vault processes: a request for a vault is sent to the process serving that vault, which the daemon
+names first (``vault.route``: a socket path, no content), so the main daemon never reads a note, a
+query or a passphrase. For a locked vault the route's error is raised without sending the request.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import itertools
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
+from memoriesd.workers.process import child_command
 from memoriesd.workers.routes import ENDING, route_request
 
 _ids = itertools.count(1)
@@ -73,7 +72,13 @@ def _connect(home: Home, path: str | None = None) -> socket.socket:
     return sock
 
 
-def _silent(home: Home, seconds: float | None, method: str) -> DaemonUnreachable:
+def _silent(home: Home, seconds: float | None, method: str, route: dict[str, Any] | None = None) -> DaemonUnreachable:
+    if route is not None:  # a vault's own process: frozen or overloaded; the rest of the daemon is not
+        name = route.get("name") or route.get("vault_id") or "?"
+        return DaemonUnreachable(
+            f"the process serving vault {name} sent nothing for {seconds:g} s during {method}: it is stopped or "
+            f"overloaded; `memories vault lock {name}` ends it (what it acknowledged is kept), then unlock it again"
+        )
     return DaemonUnreachable(
         f"memoriesd sent nothing for {seconds:g} s during {method}: it is stopped or overloaded; see {home.log_path}, "
         f"and if it stays stuck, end the process (pid in {home.pid_path}) and run the command again"
@@ -114,7 +119,7 @@ def start_daemon(home: Home, timeout: float = START_TIMEOUT) -> int:
     with open(err_path, "wb") as err:
         os.chmod(err_path, 0o600)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home.root)],
+            child_command("memoriesd.server.daemon", "--home", str(home.root)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -173,15 +178,12 @@ class Client:
 
     def route(self, ask: dict[str, Any]) -> dict[str, Any] | None:
         """Ask the daemon where a vault is served (``vault.route``): the route, or None for "the daemon
-        itself" (one process, an older daemon, or a locked vault it can answer for). A locked vault's
-        error is raised here, so its request is never sent. A running daemon without vault processes
-        (the default) is not asked: no marker file, no round trip."""
-        if self.home.socket_path.exists() and not self.home.vault_process_marker.exists():
-            return None
+        itself" (a locked vault it can answer for). A locked vault's error is raised here, so its
+        request is never sent."""
         try:
             route = self._exchange(self._open(), "vault.route", ask, None, notices=False)
         except MemoriesError as exc:
-            if exc.code == "unknown_method":  # a daemon older than vault processes
+            if exc.code == "unknown_method":  # a daemon of an older version: it serves every vault itself
                 return None
             raise
         if not isinstance(route, dict) or not route.get("socket"):
@@ -237,14 +239,14 @@ class Client:
             try:
                 sock.sendall(protocol.encode({"id": rid, "method": method, "params": params}))
             except TimeoutError as exc:
-                raise _silent(self.home, timeout, method) from exc
+                raise _silent(self.home, timeout, method, route) from exc
             except OSError:
                 pass  # e.g. refused as busy and closed: the daemon's error frame is still to be read
             while True:
                 try:
                     msg = protocol.recv_frame(sock)
                 except TimeoutError as exc:
-                    raise _silent(self.home, timeout, method) from exc
+                    raise _silent(self.home, timeout, method, route) from exc
                 except (ConnectionError, OSError) as exc:
                     if route is not None:
                         raise _ended(self.home, route, method) from exc

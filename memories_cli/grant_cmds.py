@@ -67,7 +67,10 @@ def memories_executable() -> list[str]:
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return [os.path.abspath(c)]
-    return [os.path.abspath(sys.executable), "-m", "memories_cli.main"]
+    from memoriesd.workers.process import child_command  # light: no daemon modules
+
+    # Never `python -m`: the AI client's working directory would come first on sys.path.
+    return [os.path.abspath(arg) if i == 0 else arg for i, arg in enumerate(child_command("memories_cli.main"))]
 
 
 def mcp_env(token: str) -> dict[str, str]:

@@ -65,7 +65,7 @@ class DaemonLink:
     ``idempotent`` (``memory_forget``: a second ``specific`` forget would take the next record) is
     retried only when its request could not even be sent.
 
-    With vault processes (``[daemon] vault_process = true``) each call first asks the daemon where
+    Each unlocked vault is served by its own process: each call first asks the daemon where
     the grant's vault is served (:meth:`Client.route`, no content) and goes straight there; a locked
     vault's error comes from that answer, so no tool argument ever reaches the main daemon.
     """

@@ -37,8 +37,6 @@ class DaemonConfig:
     max_requests_per_connection: int = 32  # in flight; further frames are not read until one ends
     write_timeout_seconds: float = 30.0  # a client that does not read its replies this long is cut off
     keepalive_seconds: float = 10.0  # a keep-alive progress frame this often while a request runs
-    # One process per unlocked vault, ended by lock (memoriesd.workers; SECURITY.md "What is wiped").
-    vault_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +151,14 @@ class Config:
     vault: VaultConfig = field(default_factory=VaultConfig)
     rag: RagConfig = field(default_factory=RagConfig)
     path: str = ""  # the file it came from, "" when absent
+    deprecated: tuple[str, ...] = ()  # one line per removed key still in the file (logged at start)
+
+
+#: Keys that were removed: still read (and ignored) for a release, with a one-line notice each.
+DEPRECATED_KEYS: dict[str, str] = {
+    "daemon.vault_process": "[daemon] vault_process is gone: every unlocked vault now runs in its own process "
+    "(which lock ends) whatever it says; delete the line",
+}
 
 
 # ---------------------------------------------------------------------------
@@ -257,13 +263,17 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
     return out
 
 
-def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
+def _build(cls: Any, table: Any, prefix: str, base_dir: Path, notes: list[str] | None = None) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"config key {prefix} must be a table ([{prefix}])")
-    known = {f.name: f for f in fields(cls) if f.name != "path" or cls is not Config}
+    known = {f.name: f for f in fields(cls) if f.name not in ("path", "deprecated") or cls is not Config}
     kwargs: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}.{name}" if prefix else name
+        if key in DEPRECATED_KEYS:
+            if notes is not None:
+                notes.append(DEPRECATED_KEYS[key])
+            continue
         if name not in known:
             if name in ("api_key", "key", "token", "secret", "password"):
                 raise ConfigError(f"config key {key} is not allowed: {_SECRET_HINT}")
@@ -275,7 +285,7 @@ def _build(cls: Any, table: Any, prefix: str, base_dir: Path) -> Any:
             continue
         default = getattr(cls(), name)
         if hasattr(default, "__dataclass_fields__"):
-            kwargs[name] = _build(type(default), value, key, base_dir)
+            kwargs[name] = _build(type(default), value, key, base_dir, notes)
             continue
         conv = _convert(key, value, type(default))
         if key in _PATH_KEYS and conv:
@@ -344,8 +354,9 @@ def _check_services(cfg: Config) -> None:
 
 def parse_config(data: dict[str, Any], base_dir: Path, path: str = "") -> Config:
     """Validate a decoded TOML document into a :class:`Config`."""
-    built = _build(Config, data, "", base_dir)
-    cfg = Config(daemon=built.daemon, vault=built.vault, rag=built.rag, path=path)
+    notes: list[str] = []
+    built = _build(Config, data, "", base_dir, notes)
+    cfg = Config(daemon=built.daemon, vault=built.vault, rag=built.rag, path=path, deprecated=tuple(notes))
     _check_services(cfg)
     if cfg.rag.embedding_source == "remote" and not cfg.rag.embedding.configured:
         raise ConfigError(

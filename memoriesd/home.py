@@ -43,12 +43,6 @@ class Home:
         return self.run / SOCKET_NAME
 
     @property
-    def vault_process_marker(self) -> Path:
-        """Present while the running daemon serves each vault from its own process ([daemon]
-        vault_process): clients ask ``vault.route`` only then, so the default costs no round trip."""
-        return self.run / "vault-processes"
-
-    @property
     def pid_path(self) -> Path:
         return self.run / "memoriesd.pid"
 

@@ -39,8 +39,12 @@ unlock_delay_max_ms = 100
 """
 
 sys.path.insert(0, str(REPO))
+from memories_cli.client import RESEND_WHEN_ENDED  # noqa: E402
 from memoriesd.home import Home  # noqa: E402
 from memoriesd.server import protocol  # noqa: E402
+from memoriesd.workers.routes import ENDING, route_request  # noqa: E402
+
+ROUTE_ATTEMPTS = 6
 
 
 def short_tmpdir(prefix: str = "mt") -> Path:
@@ -88,23 +92,77 @@ class Daemon:
             time.sleep(0.03)
         raise RuntimeError("daemon did not start")
 
-    def connect(self) -> socket.socket:
+    def route(self, method: str, params: dict[str, Any] | None) -> tuple[str, dict[str, Any] | None]:
+        """The socket a client sends ``method`` to (a vault's process, or the daemon's own), as the
+        CLI finds it (``vault.route`` first); or the route's error frame for a locked vault."""
+        ask = route_request(method, params or {})
+        if ask is None:
+            return str(self.socket_path), None
+        with self._raw() as s:
+            frame = self.request("vault.route", ask, sock=s)
+        route = frame.get("result")
+        if not isinstance(route, dict):
+            return str(self.socket_path), frame
+        if route.get("socket"):
+            return str(route["socket"]), None
+        if isinstance(route.get("error"), dict):
+            return str(self.socket_path), {"id": 1, "error": route["error"]}
+        return str(self.socket_path), None
+
+    def _raw(self, path: str | None = None) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(str(self.socket_path))
+        s.connect(path or str(self.socket_path))
         return s
 
+    def connect_for(self, method: str, params: dict[str, Any] | None) -> socket.socket:
+        """A connection to the process that serves ``method`` with ``params`` (as the CLI routes it)."""
+        path, err = self.route(method, params)
+        if err is not None:
+            raise DaemonError(err["error"]["code"], err["error"]["message"])
+        return self._raw(path)
+
+    def connect(self, vault: str | None = None, *, token: str | None = None) -> socket.socket:
+        """A connection to the process serving ``vault`` (or the grant ``token``'s vault); the daemon's
+        own socket when neither is given."""
+        if token is not None:
+            parts = token.split("_", 3)
+            route = self.call("vault.route", {"vault": parts[1] if len(parts) == 4 else "?", "for_grant": True})
+            return self._raw(route.get("socket"))
+        if vault is None:
+            return self._raw()
+        return self.connect_for("vault.status", {"vault": vault})
+
     def request(self, method: str, params: dict[str, Any] | None = None, sock: socket.socket | None = None) -> dict[str, Any]:
-        own = sock is None
-        s = sock or self.connect()
-        try:
-            s.sendall(protocol.encode({"id": 1, "method": method, "params": params or {}}))
-            while True:
-                msg = protocol.recv_frame(s)
-                if "progress" not in msg:
+        """One request and its answer frame; without ``sock``, routed as the CLI routes it."""
+        if sock is None:  # a vault's process that is ending (just locked) refuses before doing anything: ask again
+            msg: dict[str, Any] = {}
+            for attempt in range(ROUTE_ATTEMPTS):
+                path, err = self.route(method, params)
+                if err is not None:
+                    return err
+                try:
+                    s = self._raw(path)
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if attempt == ROUTE_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                with s:
+                    try:
+                        msg = self.request(method, params, sock=s)
+                    except ConnectionError:  # the process ended as the request arrived (as the CLI, resend only what is harmless twice)
+                        if method not in RESEND_WHEN_ENDED or attempt == ROUTE_ATTEMPTS - 1:
+                            raise
+                        msg = {"error": {"code": ENDING}}
+                if msg.get("error", {}).get("code") != ENDING:
                     return msg
-        finally:
-            if own:
-                s.close()
+                time.sleep(0.05 * (attempt + 1))
+            return msg
+        sock.sendall(protocol.encode({"id": 1, "method": method, "params": params or {}}))
+        while True:
+            msg = protocol.recv_frame(sock)
+            if "progress" not in msg:
+                return msg
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         msg = self.request(method, params)
@@ -126,8 +184,15 @@ class Daemon:
             self.proc.stderr.close()
         return self.proc.returncode
 
-    def kill9(self) -> None:
+    def kill9(self, everything: bool = True) -> None:
+        """SIGKILL the daemon, and (``everything``) first every process below it: a power cut for the
+        vault processes that hold the vaults. Without it, the orphaned vault processes lock and exit
+        on their own."""
         assert self.proc is not None
+        if everything:
+            for pid in reversed(descendants(self.proc.pid)[1:]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         if self.proc.stderr:
@@ -136,6 +201,26 @@ class Daemon:
     def log_text(self) -> str:
         p = self.home / "logs" / "memoriesd.log"
         return p.read_text("utf-8", "replace") if p.exists() else ""
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it, parents first (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
 
 
 class DaemonError(Exception):

@@ -75,7 +75,7 @@ def test_eight_concurrent_clients_lose_nothing(daemon: Daemon) -> None:
     written: dict[int, list[tuple[str, str]]] = {i: [] for i in range(8)}
 
     def worker(n: int) -> None:
-        s = daemon.connect()
+        s = daemon.connect(vid)
         try:
             for j in range(200):
                 body = f"client {n} write {j} " + "x" * (j % 50)
@@ -140,7 +140,7 @@ def test_kill_9_loses_no_acknowledged_write(home: Path) -> None:
     acknowledged: list[tuple[str, str]] = []
     for round_ in range(4):
         stop_at = time.monotonic() + 0.15 + 0.1 * round_
-        s = d.connect()
+        s = d.connect(vid)
         try:
             i = 0
             while time.monotonic() < stop_at:
@@ -236,8 +236,8 @@ def test_foreign_uid_is_refused_by_peer_credentials(home: Path) -> None:
         d.stop()
 
 
-def _raw(daemon: Daemon, data: bytes, read: bool = True) -> dict | None:
-    s = daemon.connect()
+def _raw(daemon: Daemon, data: bytes, read: bool = True, vault: str | None = None) -> dict | None:
+    s = daemon.connect(vault)
     try:
         s.sendall(data)
         if not read:
@@ -281,8 +281,8 @@ def test_lone_surrogates_in_json_are_invalid_params_and_nothing_is_lost(daemon: 
     keep = daemon.call("memory.add", {"vault": vid, "body": "kept note"})["id"]
     payload = json.dumps({"id": 7, "method": "memory.add", "params": {"vault": vid, "title": "\ud800", "body": "b"}})
     data = payload.encode("ascii")  # json.dumps escapes the surrogate as \ud800: valid UTF-8 JSON text
-    msg = _raw(daemon, struct.pack(">I", len(data)) + data)
-    assert msg["error"]["code"] == "invalid_params" and "Unicode" in msg["error"]["message"], msg
+    msg = _raw(daemon, struct.pack(">I", len(data)) + data, vault=vid)  # to the vault's process
+    assert msg is not None and msg["error"]["code"] == "invalid_params" and "Unicode" in msg["error"]["message"], msg
     assert [r["id"] for r in daemon.call("memory.list", {"vault": vid})["records"]] == [keep]
     assert daemon.proc is not None and daemon.proc.poll() is None
 

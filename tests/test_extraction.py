@@ -317,7 +317,7 @@ def test_a_grant_without_the_ask_scope_files_a_conversation_without_sending_it_t
         vid = create_vault(d)
         for scopes, path in ((["capture"], "patterns"), (["capture", "ask"], "model")):
             token = d.call("grant.create", {"vault": vid, "scopes": scopes})["token"]
-            s = d.connect()
+            s = d.connect(token=token)
             try:
                 assert "error" not in d.request("session.grant", {"token": token}, sock=s)
                 server.add(CHAT, _chat(_reply()))
@@ -330,7 +330,7 @@ def test_a_grant_without_the_ask_scope_files_a_conversation_without_sending_it_t
             assert len(server.seen(CHAT)) == (0 if path == "patterns" else 1)
         # A grant cannot call memory.extract at all: it is the person's own command.
         token = d.call("grant.create", {"vault": vid, "scopes": ["capture", "ask"]})["token"]
-        s = d.connect()
+        s = d.connect(token=token)
         d.request("session.grant", {"token": token}, sock=s)
         rid = d.call("memory.list", {"vault": vid, "kind": "conversation"})["records"][0]["id"]
         assert d.request("memory.extract", {"record": rid}, sock=s)["error"]["code"] == "scope_denied"

@@ -229,7 +229,7 @@ def test_interrupted_ingest_keeps_every_reported_file_and_no_partial_card(daemon
     folder.mkdir()
     for i in range(600):
         (folder / f"n{i:04d}.md").write_text(f"# Note {i}\n\n" + ("lorem ipsum dolor sit amet " * 40) + f"\nend-{i}\n")
-    s = daemon.connect()
+    s = daemon.connect(vid)
     s.sendall(protocol.encode({"id": 1, "method": "rag.ingest", "params": {"vault": vid, "paths": [str(folder)], "recursive": True}}))
     reported: list[str] = []
     while not reported:

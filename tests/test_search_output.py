@@ -108,7 +108,7 @@ def test_a_grant_scoped_search_gives_n_visible_records(vault: Vault) -> None:
         ({"cards_only": True}, 7, {*vault.long_cards, *vault.short_cards}),
     ):
         token = d.call("grant.create", {"vault": vault.vid, "scopes": ["search"], **kw})["token"]
-        s = d.connect()
+        s = d.connect(token=token)
         try:
             assert "result" in d.request("session.grant", {"token": token}, sock=s)
             msg = d.request("memory.search", {"query": "zebra", "limit": limit}, sock=s)

@@ -32,7 +32,7 @@ PASSPHRASES = {"notes": "notes passphrase", "other": "other passphrase"}
 
 def call(d: Daemon, method: str, params: dict[str, Any]) -> Any:
     """One request on its own connection (one client), with a timeout."""
-    s = d.connect()
+    s = d.connect_for(method, params)
     s.settimeout(TIMEOUT)
     try:
         msg = d.request(method, params, sock=s)

@@ -1,4 +1,6 @@
-"""``[daemon] vault_process = true``: each unlocked vault is served by its own process, which lock ends.
+"""The process shape: each unlocked vault is served by its own process, which lock ends; a spare
+process waits for the next unlock; the local model runs in a model process ended after a vault that
+used it locks; a frozen vault process delays nobody else; every child starts isolated.
 
 Real daemons, real vault processes, the real CLI client code (``memories_cli.client.Client``) and
 the MCP server's ``DaemonLink``. The canary figures (what memory keeps after lock) are in
@@ -19,9 +21,7 @@ from memories_cli.mcp_server import DaemonLink
 from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
 
-from .conftest import Daemon, DaemonError, run_cli, running_daemon
-
-ON = "[daemon]\nvault_process = true\n"
+from .conftest import Daemon, run_cli, running_daemon
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +47,7 @@ def _workers(c: Client) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[Daemon, Client]]:
-    with running_daemon(ON) as d:
+    with running_daemon() as d:
         yield d, Client(Home(d.home), autostart=False)
 
 
@@ -93,12 +93,10 @@ def test_a_wrong_passphrase_leaves_no_vault_process(served: tuple[Daemon, Client
 def test_the_main_socket_refuses_vault_content_for_a_vault_served_by_its_process(served: tuple[Daemon, Client]) -> None:
     d, c = served
     vid = c.call("vault.create", {"name": "charlie", "passphrase": "pw"})["vault_id"]
-    with pytest.raises(DaemonError) as err:  # an old client writing to the main socket
-        d.call("memory.add", {"vault": vid, "title": "x", "body": "y"})
-    assert err.value.code == "protocol_error" and "vault.route" in err.value.message
-    with pytest.raises(DaemonError) as err:
-        d.call("vault.unlock", {"vault": vid, "passphrase": "pw"})
-    assert err.value.code == "protocol_error"
+    with d.connect() as main:  # an old client writing to the main socket
+        err = d.request("memory.add", {"vault": vid, "title": "x", "body": "y"}, sock=main)["error"]
+        assert err["code"] == "protocol_error" and "vault.route" in err["message"]
+        assert d.request("vault.unlock", {"vault": vid, "passphrase": "pw"}, sock=main)["error"]["code"] == "protocol_error"
     c.call("vault.lock", {"vault": vid})
 
 
@@ -148,7 +146,7 @@ def test_an_mcp_grant_is_served_by_the_vault_process_and_follows_lock_and_unlock
 
 
 def test_auto_lock_daemon_stop_and_a_killed_daemon_all_end_the_vault_processes() -> None:
-    with running_daemon(ON + "auto_lock_minutes = 0.01\n") as d:  # 0.6 s idle
+    with running_daemon("[daemon]\nauto_lock_minutes = 0.01\n") as d:  # 0.6 s idle
         c = Client(Home(d.home), autostart=False)
         vid = c.call("vault.create", {"name": "foxtrot", "passphrase": "pw"})["vault_id"]
         pid = _workers(c)[vid]
@@ -162,7 +160,7 @@ def test_auto_lock_daemon_stop_and_a_killed_daemon_all_end_the_vault_processes()
         d.start()
         c.call("vault.unlock", {"vault": vid, "passphrase": "pw"})
         pid = _workers(c)[vid]
-        d.kill9()  # the daemon dies without a word: the vault's process locks and exits on its own
+        d.kill9(everything=False)  # the daemon dies without a word: the vault's process locks and exits on its own
         assert _gone(pid), "a vault process outlived its daemon"
 
 
@@ -176,15 +174,3 @@ def test_the_cli_works_through_vault_processes(served: tuple[Daemon, Client]) ->
     c.call("vault.lock", {"vault": "golf"})
     r = run_cli(d.home, "memory", "search", "golf", "walrus")
     assert r.returncode == 3 and r.stderr.count("\n") == 1 and "locked" in r.stderr, r.stderr
-
-
-def test_clients_route_only_while_the_daemon_says_it_runs_vault_processes(served: tuple[Daemon, Client]) -> None:
-    d, _c = served
-    assert Home(d.home).vault_process_marker.exists()  # written before the socket listens
-    with running_daemon() as plain:
-        home = Home(plain.home)
-        assert home.socket_path.exists() and not home.vault_process_marker.exists()
-        client = Client(home, autostart=False)
-        assert client.route({"vault": "anything"}) is None  # no round trip: the daemon serves every vault itself
-        plain.stop()
-        assert not home.pid_path.exists() and not home.vault_process_marker.exists()

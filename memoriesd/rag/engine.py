@@ -65,6 +65,9 @@ class RagEngine:
         self._state_lock = threading.Lock()
         self._http_lock = threading.Lock()
         self._segment_ready = False
+        # What serves the local model: in the daemon, a vault's process sets this to reach the shared
+        # model process (memoriesd.workers.model_client); in-process use loads the model here.
+        self.local_factory: Callable[..., Any] | None = None
         from ..indexing import BackgroundIndexer
 
         self.background = BackgroundIndexer(app, self)
@@ -180,11 +183,16 @@ class RagEngine:
             if self._local is None:
                 if not self.local_model_present():
                     raise ModelUnavailable(f"no embedding model is installed: {INSTALL_HINT}")
-                from ..embed.local import LocalEmbedder
-
                 d = self.model_dir()
                 t0 = time.perf_counter()
-                self._local = LocalEmbedder(
+                factory: Callable[..., Any]
+                if self.local_factory is not None:
+                    factory = self.local_factory
+                else:
+                    from ..embed.local import LocalEmbedder
+
+                    factory = LocalEmbedder
+                self._local = factory(
                     d,
                     threads=min(self.config.rag.local_threads, os.cpu_count() or 1),
                     max_tokens=self.config.rag.max_tokens,

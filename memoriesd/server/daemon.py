@@ -1,6 +1,8 @@
 """`memoriesd`: the long-running daemon on a Unix socket in the Memories home.
 
-One daemon per home (an flock on ``run/memoriesd.lock``). Every connection's peer uid is checked
+One daemon per home (an flock on ``run/memoriesd.lock``). The process that owns the socket is the
+*router* (:mod:`memoriesd.workers.router`): it holds no vault key, passphrase or note; each unlocked
+vault is served by its own process, which lock ends, and the local model by a model process. Every connection's peer uid is checked
 with SO_PEERCRED. Requests are served concurrently in worker threads; one bad client never
 affects others. SIGTERM/SIGINT: stop accepting, let in-flight writes finish, lock (wipe) every
 vault, remove the socket and pid file, exit 0.
@@ -46,8 +48,8 @@ from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
 from ..watch import WatchService  # noqa: E402
-from ..workers import router  # noqa: E402  (vault.route, and the router of [daemon] vault_process)
-from ..workers.process import bound_heap, harden  # noqa: E402  (moved there; imported from here too)
+from ..workers import router  # noqa: E402  (vault.route, model.route and the router role)
+from ..workers.process import bound_heap, harden, setup_logging  # noqa: E402
 from . import (  # noqa: E402
     conversation_handlers,
     extract_handlers,
@@ -61,7 +63,7 @@ from . import (  # noqa: E402
 from .config_watch import ConfigWatch, name_config_path  # noqa: E402
 from .context import Context, Params  # noqa: E402
 from .handlers import HANDLERS  # noqa: E402
-from .lograte import LogRateLimit, installed_limits  # noqa: E402
+from .lograte import installed_limits  # noqa: E402
 
 # Every method family, imported eagerly and unconditionally: each module registers its methods in
 # HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
@@ -104,23 +106,10 @@ def connection_limit(configured: int, nofile: int) -> int:
     return max(1, min(configured, nofile - FD_RESERVE))
 
 
-def setup_logging(home: Home, level: str) -> None:
-    fd = os.open(home.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", buffering=1))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    # No flood can fill the disk: the same line more than 10 times a minute is counted, not written.
-    handler.addFilter(LogRateLimit(handler))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    for noisy in ("jieba", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 class App:
     """Everything a handler may use: home, config, vaults and the retrieval engine."""
 
-    workers: Any = None  # the vault-process role (memoriesd.workers): a Router or a worker's; None = one process
+    workers: Any = None  # the process role (memoriesd.workers): the Router or a vault's worker; None = in-process use
 
     def __init__(self, home: Home, config: Config, config_watch: ConfigWatch | None = None, vaults: Any = None) -> None:
         self.home = home
@@ -275,6 +264,9 @@ class Connection:
             method = req.get("method")
             if not isinstance(method, str):
                 raise InvalidParams("the request has no method")
+            if self.server.stopping.is_set():  # accepted before the listener closed: nothing may run now
+                ending = getattr(self.server.app.workers, "ending_error", None)
+                raise ending() if callable(ending) else Busy("memoriesd is stopping: run the command again in a moment")
             if method == "session.grant":
                 fut = loop.run_in_executor(self.server.pool, grants.present_grant, self.server.app, self, Params(req.get("params")))
                 result = await self._keepalive_until(rid, fut)
@@ -465,11 +457,11 @@ class Server:
                 configured,
                 self.nofile,
             )
-        print(f"memoriesd {__version__} listening on {self.socket_path}", file=sys.stderr, flush=True)
+        if self.socket_path == self.app.home.socket_path:  # the daemon's own socket, not a vault's process
+            print(f"memoriesd {__version__} listening on {self.socket_path}", file=sys.stderr, flush=True)
         auto = loop.create_task(self.auto_lock_loop())
         background = [loop.create_task(self.idle_close_loop()), loop.create_task(self.log_summary_loop())]
         background += [loop.create_task(c) for c in (self.app.workers.loops(self) if self.app.workers else ())]
-        loop.run_in_executor(self.pool, self.app.rag.warm)
         try:
             await self.stopping.wait()
         finally:
@@ -522,18 +514,15 @@ def run_daemon(home: Home) -> int:
                 stale.unlink()
         home.pid_path.write_text(f"{os.getpid()}\n")
         nofile = raise_nofile_limit()
+        for note in config.deprecated:
+            log.warning("config.toml: %s", note)
         app = App(home, config, config_watch)
-        with contextlib.suppress(FileNotFoundError):
-            home.vault_process_marker.unlink()
-        if config.daemon.vault_process:  # one worker process per unlocked vault (memoriesd.workers.router)
-            app.workers = router.Router(app)
-            home.vault_process_marker.write_bytes(b"")  # before the socket listens: clients route first
+        app.workers = router.Router(app, keep_fds=(lock_fd,))  # every vault in a process of its own
         try:
             asyncio.run(Server(app, nofile).run())
         finally:
-            for done in (home.pid_path, home.vault_process_marker):
-                with contextlib.suppress(FileNotFoundError):
-                    done.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                home.pid_path.unlink()
         log.info("stopped")
         return 0
     finally:

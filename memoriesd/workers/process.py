@@ -1,6 +1,34 @@
-"""Process set-up shared by the daemon and its vault workers (moved here from ``server/daemon.py``)."""
+"""Process set-up shared by the daemon and its child processes: hardening, heap bounds, and how a child is started."""
 
 from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..home import Home
+
+#: Started as ``python -I -c BOOT ROOT MODULE ARGS...``: ``-I`` keeps the caller's working directory,
+#: PYTHONPATH and user site off ``sys.path`` (``python -m`` would import a ``memoriesd/`` folder lying in
+#: the directory where someone typed ``memories``, into the process that receives passphrases), and
+#: ROOT is the folder the starting process imported this package from, so the child runs the same code.
+BOOT = (
+    "import sys, runpy; root, module = sys.argv[1], sys.argv[2]; sys.path.insert(0, root); "
+    "sys.argv = [module] + sys.argv[3:]; runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
+def package_root() -> str:
+    """The absolute folder holding the ``memoriesd`` package this process runs."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def child_command(module: str, *args: str) -> list[str]:
+    """The argv that runs ``module`` as ``__main__`` in an isolated interpreter of this installation."""
+    return [sys.executable, "-I", "-c", BOOT, package_root(), module, *args]
 
 
 def harden() -> None:
@@ -41,4 +69,20 @@ def bound_heap() -> None:
         pass
 
 
-__all__ = ["harden", "bound_heap"]
+def setup_logging(home: Home, level: str) -> None:
+    """The daemon's log (``logs/memoriesd.log``, 0600), shared by every process of the daemon."""
+    from ..server.lograte import LogRateLimit
+
+    fd = os.open(home.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", buffering=1))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # No flood can fill the disk: the same line more than 10 times a minute is counted, not written.
+    handler.addFilter(LogRateLimit(handler))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    for noisy in ("jieba", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+__all__ = ["setup_logging", "harden", "bound_heap", "child_command", "package_root"]

@@ -1,6 +1,7 @@
-"""The router's side of ``[daemon] vault_process``: one worker process per unlocked vault.
+"""The main daemon's side of the process shape: one worker process per unlocked vault, one model process.
 
-The router never reads a frame that carries vault plaintext. It answers ``vault.route`` (where a
+The router (the process that owns the daemon's socket) never holds a vault key, a passphrase, a
+note, a query or a result: it never reads a frame that carries vault plaintext. It answers ``vault.route`` (where a
 vault is served: a socket path, no content), starts a worker for ``vault.unlock``/``vault.passwd``
 (``start``) and ``vault.create`` (``new``: a fresh vault id), and answers the vault-wide methods
 itself, asking workers only for what holds no note text (record counts, grant ids and labels,
@@ -8,66 +9,106 @@ folder-watch states). Lock, auto-lock, delete and daemon stop end the worker pro
 REASON`` on its stdin, then it locks (in-flight work drains as before) and exits. A worker whose
 stdin closes (the router died, even by SIGKILL) locks and exits too.
 
-Without ``vault_process``, ``vault.route`` answers ``{"socket": null}``: send everything here.
+Latency: one *spare* worker waits, imports done and the segmenter's dictionary loaded, bound to no
+vault; an unlock hands it the vault (``bind ID`` on its stdin) and a new spare starts behind it.
+
+Frozen workers: questions about a worker (status, lists) wait ``STATUS_SECONDS`` at most and then
+answer from what the worker said last; a lock that the worker does not acknowledge within
+``ACK_SECONDS`` ends it (SIGTERM, then SIGKILL): acknowledged writes are on disk already.
+
+The model process (:class:`ModelHost`): started on the first ``model.route`` from a worker, ended
+when a vault whose worker used it locks (after it, no live process holds that vault's text).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import json
 import logging
 import re
 import secrets
-import socket
 import subprocess
-import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import Internal, MemoriesError, NotFound, ProtocolError
-from ..server import handlers, protocol
+from ..errors import Internal, MemoriesError, ModelUnavailable, NotFound, ProtocolError
+from ..server import handlers
 from ..server.context import Context, Params
 from ..server.grants import _locked, _revoked
 from ..server.handlers import HANDLERS, method
 from ..vault.live import locked_error
 from ..vault.records import new_record_id
+from .model_client import ask as ask_socket
+from .process import child_command
 from .routes import CREATE_METHOD, START_METHODS
 
 log = logging.getLogger("memoriesd.workers")
 
 #: How long a new worker may take to listen (a Python start and the daemon's imports: ~0.5 s here).
 READY_SECONDS = 30.0
-#: How long the router waits for a worker's answer to a metadata question.
+#: How long the router waits for a worker's answer to a metadata question it must have (grants).
 ASK_SECONDS = 10.0
+#: How long ``vault list``, ``daemon status`` and the like wait for one worker's status (a frozen
+#: worker then answers as it said last): never a second in all, since workers are asked at once.
+STATUS_SECONDS = 0.5
+#: A worker told to lock says ``locking`` within this, or it is frozen and is ended by signal.
+ACK_SECONDS = 2.0
+#: After SIGTERM, how long before SIGKILL.
+TERM_SECONDS = 1.5
 #: Beyond the vault's drain bound, how long a locking worker may take to exit before it is killed.
 EXIT_GRACE_SECONDS = 15.0
+#: How long the model process may take to load and self-check its model (EmbeddingGemma fp32: seconds).
+MODEL_READY_SECONDS = 300.0
 _VAULT_ID = re.compile(r"^[a-z0-9]{6,32}$")
 
 
 def route_first(what: str) -> ProtocolError:
     return ProtocolError(
-        f"{what} is served by its own process ([daemon] vault_process = true) and this client sent the request to "
-        "the main daemon socket: use the `memories` CLI and MCP server of this version (they ask vault.route first)"
+        f"{what} is served by its own process and this client sent the request to the main daemon socket: "
+        "use the `memories` CLI and MCP server of this version (they ask vault.route first)"
     )
 
 
 @method("vault.route")
 def vault_route(app: Any, ctx: Context) -> dict[str, Any]:
-    """Where to send a vault's requests: ``socket`` is a worker's, or null for this daemon itself."""
+    """Where to send a vault's requests: the socket of the process that serves it."""
     if not isinstance(app.workers, Router):
-        return {"socket": None}  # one process: everything is served here
+        raise ProtocolError("vault.route is the main daemon's: send it to its socket")
     return app.workers.route(ctx.params)
+
+
+@method("model.route")
+def model_route(app: Any, ctx: Context) -> dict[str, Any]:
+    """Where a vault's process reaches the local embedding model (started on first use)."""
+    if not isinstance(app.workers, Router):
+        raise ProtocolError("model.route is the main daemon's: send it to its socket")
+    return app.workers.model.route(ctx.params.text("vault", allow_empty=False, max_len=64))
+
+
+def _stop(proc: subprocess.Popen[bytes], ended: threading.Event, what: str) -> None:
+    """SIGTERM, then SIGKILL: a process that does not answer (frozen, stopped, hung) is ended anyway."""
+    log.warning("%s: ended by signal", what)
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    if not ended.wait(TERM_SECONDS):
+        with contextlib.suppress(OSError):
+            proc.kill()  # works on a stopped process too
+        ended.wait(EXIT_GRACE_SECONDS)
 
 
 @dataclass
 class Worker:
-    """One vault's process as the router sees it."""
+    """One vault's process as the router sees it (``vault_id`` is "" while it is the spare)."""
 
     vault_id: str
     proc: subprocess.Popen[bytes]
     socket_path: Path
     ready: threading.Event = field(default_factory=threading.Event)
+    bound: threading.Event = field(default_factory=threading.Event)  # said "bound" (a spare given its vault)
+    acked: threading.Event = field(default_factory=threading.Event)  # said "locking" after a lock command
     ended: threading.Event = field(default_factory=threading.Event)
     saw_unlocked: bool = False  # the worker said "unlocked" (read on its stdout)
     closing: bool = False  # the router asked it to lock and exit
@@ -76,17 +117,115 @@ class Worker:
     def alive(self) -> bool:
         return not self.ended.is_set() and not self.closing and self.proc.poll() is None
 
+    def tell(self, line: str) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode("ascii") + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+
+class ModelHost:
+    """The model process: one for every vault, started on demand, ended after a vault that used it locks."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._gate = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.socket_path: Path | None = None
+        self.ended = threading.Event()
+        self.served: set[str] = set()  # vaults whose processes were given the route since it started
+
+    def _args(self) -> list[str]:
+        app = self.router.app
+        rag = app.config.rag
+        return ["--home", str(app.home.root), "--model-dir", str(app.rag.model_dir()),
+                "--threads", str(rag.local_threads), "--max-tokens", str(rag.max_tokens),
+                "--overrides", json.dumps(asdict(rag.local_model)), "--idle-seconds", str(rag.model_idle_minutes * 60)]
+
+    def route(self, vault_id: str) -> dict[str, Any]:
+        with self._gate:
+            if self.router.closed:
+                raise Internal("the daemon is stopping: run the command again once it has restarted")
+            if self.proc is None or self.ended.is_set():
+                self._start()
+            self.served.add(vault_id)
+            return {"socket": str(self.socket_path), "pid": self.proc.pid if self.proc else None}
+
+    def _start(self) -> None:
+        path = self.router.home.run / f"m{secrets.token_hex(4)}.sock"
+        with open(self.router.home.log_path, "ab") as errlog:
+            proc = subprocess.Popen(child_command("memoriesd.workers.model", "--socket", str(path), *self._args()),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, close_fds=True,
+                                    pass_fds=self.router.keep_fds)
+        ended = threading.Event()
+        said: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                said.append(line.decode("utf-8", "replace").strip())
+                ready.set()
+            proc.wait()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            ready.set()
+            ended.set()
+
+        threading.Thread(target=read, name="memoriesd-model", daemon=True).start()
+        if not ready.wait(MODEL_READY_SECONDS) or not said or said[0] != "ready":
+            with contextlib.suppress(OSError):
+                proc.kill()
+            first = said[0] if said else ""
+            if first.startswith("failed "):
+                parts = first.split(" ", 2)
+                raise MemoriesError(parts[2] if len(parts) > 2 else "the model could not be loaded",
+                                    code=parts[1] if len(parts) > 1 else "model_unavailable")
+            raise ModelUnavailable("the embedding model's process did not start: see the daemon log (logs/memoriesd.log)")
+        self.proc, self.socket_path, self.ended, self.served = proc, path, ended, set()
+        log.info("the local embedding model is served by process %d", proc.pid)
+
+    def recycle(self, vault_id: str | None = None) -> None:
+        """End the model process if it served ``vault_id`` (any vault when None): it may hold its text."""
+        with self._gate:
+            if self.proc is None or self.ended.is_set():
+                return
+            if vault_id is not None and vault_id not in self.served:
+                return
+            proc, ended = self.proc, self.ended
+            self.proc = None
+            with contextlib.suppress(OSError):
+                proc.kill()  # it keeps nothing on disk: no need to ask
+            if not ended.wait(EXIT_GRACE_SECONDS):
+                log.warning("the model process %d did not exit after SIGKILL", proc.pid)
+            log.info("the model process %d ended%s", proc.pid, " (a vault it served locked)" if vault_id else "")
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.proc
+        return proc.pid if proc is not None and not self.ended.is_set() else None
+
 
 class Router:
-    """The ``app.workers`` role of the main daemon when ``[daemon] vault_process = true``."""
+    """The ``app.workers`` role of the main daemon: every vault is served by a process of its own."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, keep_fds: tuple[int, ...] = ()) -> None:
         self.app = app
         self.home = app.home
+        # The home's daemon lock, inherited by every child: a daemon started after a crash of this
+        # one waits until the orphaned vault processes have locked and exited (never two on a vault).
+        self.keep_fds = keep_fds
         self._lock = threading.Lock()
         self._workers: dict[str, Worker] = {}
         self._gates: dict[str, threading.Lock] = {}
-        self._closed = False
+        self._spare: Worker | None = None
+        self._spare_gate = threading.Lock()
+        self.closed = False
+        self.model = ModelHost(self)
+        self._asking = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="memoriesd-ask")
         self._overrides = {
             "vault.list": self._vault_list,
             "vault.status": self._vault_status,
@@ -97,8 +236,9 @@ class Router:
             "grant.revoke": self._grant_revoke,
             "rag.watch_reload": self._watch_reload,
             "vault.route": vault_route,
+            "model.route": model_route,
         }
-        for stale in self.home.run.glob("w*.sock"):  # we hold the home's lock: left by an earlier crash
+        for stale in [*self.home.run.glob("w*.sock"), *self.home.run.glob("m*.sock")]:  # we hold the home's lock
             with contextlib.suppress(OSError):
                 stale.unlink()
 
@@ -120,18 +260,25 @@ class Router:
         return guarded
 
     def loops(self, server: Any) -> list[Any]:
+        threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
         return []
 
     def close(self) -> None:
-        """Daemon stop: every worker locks its vault and exits."""
+        """Daemon stop: every worker locks its vault and exits; the spare and the model process end."""
         with self._lock:
-            self._closed = True
+            self.closed = True
             workers = list(self._workers.values())
+        with self._spare_gate:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            workers.append(spare)
         threads = [threading.Thread(target=self._end, args=(w, "shutdown")) for w in workers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        self.model.recycle()
+        self._asking.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ workers
 
@@ -148,6 +295,44 @@ class Router:
         with self._lock:
             return self._gates.setdefault(vault_id, threading.Lock())
 
+    def _start(self, vault_id: str, create: bool = False) -> Worker:
+        """A new worker process for ``vault_id`` ("" = a spare, bound later); waits until it listens."""
+        path = self.home.run / f"w{secrets.token_hex(4)}.sock"  # as long as memoriesd.sock (AF_UNIX limit)
+        args = ["--home", str(self.home.root), "--socket", str(path)]
+        args += ["--vault", vault_id] + (["--create"] if create else []) if vault_id else ["--spare"]
+        with open(self.home.log_path, "ab") as errlog:  # a worker that dies at import says why in the log
+            proc = subprocess.Popen(child_command("memoriesd.workers.worker", *args), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=errlog, close_fds=True, pass_fds=self.keep_fds)
+        w = Worker(vault_id, proc, path)
+        threading.Thread(target=self._read, args=(w,), name="memoriesd-vault", daemon=True).start()
+        if not w.ready.wait(READY_SECONDS) or w.ended.is_set():
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise Internal(f"the process for vault {vault_id or '(spare)'} did not start: see the daemon log (logs/memoriesd.log)")
+        return w
+
+    def _ensure_spare(self) -> None:
+        """Start the spare worker unless one waits (run in a thread: it takes a Python start)."""
+        with self._spare_gate:
+            if self.closed or (self._spare is not None and self._spare.alive):
+                return
+            try:
+                self._spare = self._start("")
+            except MemoriesError:
+                log.warning("the spare vault process did not start: unlocks start their own")
+                self._spare = None
+
+    def _take_spare(self, vault_id: str, create: bool) -> Worker | None:
+        with self._spare_gate:
+            spare, self._spare = self._spare, None
+        if spare is None or not spare.alive:
+            return None
+        spare.vault_id = vault_id
+        if not spare.tell(f"bind {vault_id}{' create' if create else ''}") or not spare.bound.wait(READY_SECONDS):
+            self._end(spare, "unused")
+            return None
+        return spare
+
     def _spawn(self, vault_id: str, create: bool = False) -> Worker:
         with self._gate(vault_id):
             with self._lock:
@@ -156,57 +341,56 @@ class Router:
                 return current
             if current is not None:  # never two processes on one vault: the ending one exits first
                 self._wait_end(current)
-            with self._lock:
-                if self._closed:
-                    raise Internal("the daemon is stopping: run the command again once it has restarted")
-            path = self.home.run / f"w{secrets.token_hex(4)}.sock"  # as long as memoriesd.sock (AF_UNIX limit)
-            cmd = [sys.executable, "-m", "memoriesd.workers.worker", "--home", str(self.home.root), "--socket", str(path),
-                   "--vault", vault_id] + (["--create"] if create else [])
-            with open(self.home.log_path, "ab") as errlog:  # a worker that dies at import says why in the log
-                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, close_fds=True)
-            w = Worker(vault_id, proc, path)
-            threading.Thread(target=self._read, args=(w,), name=f"memoriesd-vault-{vault_id}", daemon=True).start()
-            if not w.ready.wait(READY_SECONDS) or w.ended.is_set():
-                with contextlib.suppress(OSError):
-                    proc.kill()
-                raise Internal(f"the process for vault {vault_id} did not start: see the daemon log (logs/memoriesd.log)")
+            if self.closed:
+                raise Internal("the daemon is stopping: run the command again once it has restarted")
+            w = self._take_spare(vault_id, create) or self._start(vault_id, create)
+            threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
             with self._lock:
                 self._workers[vault_id] = w
-            log.info("vault %s: served by process %d", vault_id, proc.pid)
+            log.info("vault %s: served by process %d", vault_id, w.proc.pid)
             return w
 
     def _read(self, w: Worker) -> None:
-        """The worker's stdout: ``ready``, ``unlocked``; its end is the process's end."""
+        """The worker's stdout: ``ready``, ``bound``, ``unlocked``, ``locking``, ``closing``; its end is the process's end."""
         assert w.proc.stdout is not None
         for line in w.proc.stdout:
             word = line.strip()
             if word == b"ready":
                 w.ready.set()
+            elif word == b"bound":
+                w.bound.set()
             elif word == b"unlocked":
                 w.saw_unlocked = True
+            elif word == b"locking":
+                w.acked.set()
             elif word == b"closing":  # its vault is closed for good: route no more requests to it
                 w.closing = True
         code = w.proc.wait()
         with contextlib.suppress(FileNotFoundError):
             w.socket_path.unlink()  # gone already unless the worker was killed
         with self._lock:
-            if self._workers.get(w.vault_id) is w:
+            if w.vault_id and self._workers.get(w.vault_id) is w:
                 del self._workers[w.vault_id]
+        if w.vault_id:  # the model process may hold this vault's text: it goes with the vault
+            self.model.recycle(w.vault_id)
         if not w.closing and code not in (0, None) and w.ready.is_set():
             log.warning("vault %s: its process %d ended unexpectedly (status %s): the vault is locked",
-                        w.vault_id, w.proc.pid, code)
+                        w.vault_id or "(spare)", w.proc.pid, code)
         w.ready.set()
+        w.bound.set()
+        w.acked.set()
         w.ended.set()
 
     def _end(self, w: Worker, reason: str) -> bool:
         """Make ``w`` lock its vault and exit; True when its vault had been unlocked."""
         w.closing = True
-        try:
+        told = w.tell(f"lock {reason}")
+        with contextlib.suppress(OSError, ValueError):
             assert w.proc.stdin is not None
-            w.proc.stdin.write(f"lock {reason}\n".encode("ascii"))
             w.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
+        if not told or not w.acked.wait(ACK_SECONDS):  # frozen (stopped, hung): it cannot lock itself
+            if not w.ended.is_set():
+                _stop(w.proc, w.ended, f"vault {w.vault_id or '(spare)'}: its process {w.proc.pid} did not answer the lock")
         self._wait_end(w)
         return w.saw_unlocked
 
@@ -222,34 +406,28 @@ class Router:
             w = self.live(vault_id)
             return self._end(w, reason) if w is not None else False
 
-    def ask(self, w: Worker, name: str, params: dict[str, Any]) -> Any:
+    def ask(self, w: Worker, name: str, params: dict[str, Any], timeout: float = ASK_SECONDS) -> Any:
         """One request to a worker (metadata only: its reply never holds note text)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(ASK_SECONDS)
-            s.connect(str(w.socket_path))
-            s.sendall(protocol.encode({"id": 1, "method": name, "params": params}))
-            while True:
-                msg = protocol.recv_frame(s)
-                if "progress" in msg:
-                    continue
-                if "error" in msg:
-                    err = msg.get("error") or {}
-                    raise MemoriesError(str(err.get("message", "")), code=str(err.get("code", "internal")))
-                return msg.get("result")
+        return ask_socket(w.socket_path, name, params, timeout)
 
     def _status(self, w: Worker) -> dict[str, Any] | None:
         """The worker's ``vault.status``; None when it cannot answer (ending, or gone)."""
         try:
-            out = self.ask(w, "vault.status", {"vault": w.vault_id})
-        except TimeoutError:  # alive but too busy to answer: as it said last
+            out = self.ask(w, "vault.status", {"vault": w.vault_id}, STATUS_SECONDS)
+        except TimeoutError:  # alive but frozen or too busy to answer: as it said last
             return {"vault_id": w.vault_id, "locked": not w.saw_unlocked}
         except (OSError, ConnectionError, MemoriesError):
             return None
         return out if isinstance(out, dict) else None
 
+    def _statuses(self, vault_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+        """Every live worker of ``vault_ids`` asked at once: a frozen one costs ``STATUS_SECONDS``, once."""
+        live = {v: w for v in vault_ids if (w := self.live(v)) is not None}
+        futures = {v: self._asking.submit(self._status, w) for v, w in live.items()}
+        return {v: (futures[v].result() if v in futures else None) for v in vault_ids}
+
     def _unlocked(self, vault_id: str) -> bool:
-        w = self.live(vault_id)
-        status = self._status(w) if w is not None else None
+        status = self._statuses([vault_id])[vault_id]
         return status is not None and not status["locked"]
 
     # ------------------------------------------------------------------ vault.route
@@ -288,25 +466,26 @@ class Router:
 
     def _vault_list(self, app: Any, ctx: Context) -> dict[str, Any]:
         vaults = app.vaults.list_vaults()
+        statuses = self._statuses([v["vault_id"] for v in vaults])
         for v in vaults:
-            v["locked"] = not self._unlocked(v["vault_id"])
+            status = statuses[v["vault_id"]]
+            v["locked"] = status is None or bool(status["locked"])
         return {"vaults": vaults}
 
-    def _info(self, app: Any, vault_id: str) -> dict[str, Any]:
-        w = self.live(vault_id)
-        status = self._status(w) if w is not None else None
+    def _info(self, app: Any, vault_id: str, status: dict[str, Any] | None) -> dict[str, Any]:
         if status is not None and "name" in status:
             return status
         info = handlers.vault_info(app, vault_id)
-        if status is not None:  # a busy process: its vault is unlocked, its counts unknown right now
+        if status is not None:  # a busy or frozen process: its vault is unlocked, its counts unknown right now
             info["locked"] = status["locked"]
         return info
 
     def _vault_status(self, app: Any, ctx: Context) -> dict[str, Any]:
         ref = ctx.params.text("vault", None)
-        if ref is None:
-            return {"vaults": [self._info(app, v["vault_id"]) for v in app.vaults.list_vaults()]}
-        return self._info(app, app.vaults.resolve(ref))
+        ids = [v["vault_id"] for v in app.vaults.list_vaults()] if ref is None else [app.vaults.resolve(ref)]
+        statuses = self._statuses(ids)
+        infos = [self._info(app, v, statuses[v]) for v in ids]
+        return {"vaults": infos} if ref is None else infos[0]
 
     def _vault_lock(self, app: Any, ctx: Context) -> dict[str, Any]:
         if ctx.params.flag("all", False):
@@ -336,25 +515,37 @@ class Router:
     def _daemon_status(self, app: Any, ctx: Context) -> dict[str, Any]:
         out = handlers.daemon_status(app, ctx)
         ws = self.workers()
-        out["unlocked"] = [w.vault_id for w in ws if self._unlocked(w.vault_id)]
+        statuses = self._statuses([w.vault_id for w in ws])
+        out["unlocked"] = [w.vault_id for w in ws if (st := statuses[w.vault_id]) is not None and not st["locked"]]
         out["vault_processes"] = [{"vault_id": w.vault_id, "pid": w.proc.pid} for w in ws]
+        spare = self._spare
+        out["spare_process"] = spare.proc.pid if spare is not None and spare.alive else None
+        out["model_process"] = self.model.pid
         return out
+
+    def _ask_all(self, ws: list[Worker], name: str, params: dict[str, Any] | None) -> list[tuple[Worker, Any]]:
+        """Ask every worker at once (``params`` None: its own vault); each answer, or the exception it
+        raised (a timeout for a frozen one)."""
+
+        def one(w: Worker) -> Any:
+            try:
+                return self.ask(w, name, {"vault": w.vault_id} if params is None else params, STATUS_SECONDS * 2)
+            except (OSError, ConnectionError, MemoriesError) as exc:
+                return exc
+
+        futures = [(w, self._asking.submit(one, w)) for w in ws]
+        return [(w, f.result()) for w, f in futures]
 
     def _grant_list(self, app: Any, ctx: Context) -> dict[str, Any]:
         if ctx.params.text("vault", None) is not None:
             return self._guarded("grant.list", app, ctx)
         grants: list[dict[str, Any]] = []
-        locked: list[str] = []
-        for v in app.vaults.list_vaults():
-            w = self.live(v["vault_id"])
-            try:
-                res = self.ask(w, "grant.list", {"vault": v["vault_id"]}) if w is not None else None
-            except (OSError, ConnectionError, MemoriesError):
-                res = None
-            if res is None:
-                locked.append(v["vault_id"])
-            else:
+        answered: set[str] = set()
+        for w, res in self._ask_all(self.workers(), "grant.list", None):
+            if isinstance(res, dict):
                 grants.extend(res["grants"])
+                answered.add(w.vault_id)
+        locked = [v["vault_id"] for v in app.vaults.list_vaults() if v["vault_id"] not in answered]
         grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
         return {"grants": grants, "locked_vaults": locked}
 
@@ -365,18 +556,12 @@ class Router:
         grant_id = p.text("grant_id", allow_empty=False, max_len=64)
         vaults = app.vaults.list_vaults()
         served = 0
-        for v in vaults:
-            w = self.live(v["vault_id"])
-            if w is None:
-                continue
-            try:
-                return dict(self.ask(w, "grant.revoke", {"grant_id": grant_id}))
-            except MemoriesError as exc:
-                if exc.code != "not_found":
-                    raise
-                served += 1
-            except (OSError, ConnectionError):
-                continue
+        for _w, res in self._ask_all(self.workers(), "grant.revoke", {"grant_id": grant_id}):
+            if isinstance(res, dict):
+                return dict(res)
+            if isinstance(res, MemoriesError) and res.code != "not_found":
+                raise res
+            served += isinstance(res, MemoriesError)
         locked = served < len(vaults)
         hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
         raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
@@ -388,11 +573,8 @@ class Router:
     def _watch_reload(self, app: Any, ctx: Context) -> dict[str, Any]:
         out = dict(HANDLERS["rag.watch_reload"](app, ctx))
         rows = list(out.get("watches", []))
-        for w in self.workers():
-            try:
-                theirs = self.ask(w, "rag.watch_reload", {}).get("watches", [])
-            except (OSError, ConnectionError, MemoriesError):
-                continue
+        for w, res in self._ask_all(self.workers(), "rag.watch_reload", {}):
+            theirs = res.get("watches", []) if isinstance(res, dict) else []
             for i, row in enumerate(theirs[: len(rows)]):
                 if isinstance(row, dict) and row.get("vault_id") == w.vault_id:
                     rows[i] = row
@@ -400,4 +582,4 @@ class Router:
         return out
 
 
-__all__ = ["Router", "Worker", "vault_route", "route_first"]
+__all__ = ["Router", "Worker", "ModelHost", "vault_route", "model_route", "route_first"]

@@ -16,6 +16,7 @@ ROUTER_METHODS = frozenset(
         "vault.lock",
         "vault.delete",
         "vault.route",
+        "model.route",
         "rag.watch_reload",
         "rag.model_install",
     }

@@ -1,4 +1,8 @@
-"""A vault's worker process: ``python -m memoriesd.workers.worker --home H --socket PATH --vault ID [--create]``.
+"""A vault's worker process: ``memoriesd.workers.worker --home H --socket PATH (--vault ID [--create] | --spare)``.
+
+Started isolated by the router (``python -I``, see :func:`memoriesd.workers.process.child_command`).
+A *spare* starts bound to no vault and waits, imports done and the segmenter loaded, for ``bind ID
+[create]`` on its stdin (an unlock); it refuses every request until then.
 
 The same daemon code (``App``, ``Server``, every handler) bound to one vault on its own socket
 (0600 in ``run/``, peer uid checked as the daemon does). It unlocks (or creates) the vault itself,
@@ -9,7 +13,9 @@ so the passphrase never reaches the router, and serves every request for it. It 
 - nothing is unlocked and no request runs after an unlock or passwd attempt (a wrong passphrase
   leaves no process behind), or ``UNUSED_SECONDS`` after start if no client ever came.
 
-Its stdout tells the router ``ready`` (listening) and ``unlocked``; nothing else, never content.
+Its stdout tells the router ``ready`` (listening), ``bound``, ``unlocked``, ``locking`` (a lock command
+was read) and ``closing``; nothing else, never content. The local embedding model is not loaded here:
+the model process serves it (:mod:`memoriesd.workers.model_client`).
 Its exit returns all its memory to the kernel: that is the point (SECURITY.md "What is wiped").
 """
 
@@ -35,12 +41,13 @@ from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists  # no
 from ..home import Home, resolve_home  # noqa: E402
 from ..server.config_watch import ConfigWatch  # noqa: E402
 from ..server.context import Context  # noqa: E402
-from ..server.daemon import App, Server, setup_logging  # noqa: E402
+from ..server.daemon import App, Server  # noqa: E402
 from ..server.handlers import HANDLERS  # noqa: E402
 from ..vault.live import LiveVault  # noqa: E402
 from ..vault.manager import VaultManager, validate_name  # noqa: E402
 from ..vault.store import VaultStore  # noqa: E402
-from .process import bound_heap, harden  # noqa: E402
+from .model_client import ModelClient  # noqa: E402
+from .process import bound_heap, harden, setup_logging  # noqa: E402
 from .routes import ENDING, ROUTER_METHODS  # noqa: E402
 
 log = logging.getLogger("memoriesd.workers")
@@ -122,12 +129,21 @@ class BoundVaults(VaultManager):
         with kdf_turn(self.home):
             super().passwd(ref, old, new)
 
+    def rekey(self, ref: str, old: bytearray, new: bytearray, parts: Any = None) -> dict[str, Any]:
+        """As passwd: ``kdf_turn`` before the gate (the order unlock takes them), held for the rewrite too."""
+        self.mine(ref)
+        with kdf_turn(self.home):
+            return super().rekey(ref, old, new, parts)
+
 
 class WorkerRole:
     """The ``app.workers`` role of a vault's worker: which methods it serves, and when it exits."""
 
     def __init__(self, vault_id: str) -> None:
-        self.vault_id = vault_id
+        self.vault_id = vault_id  # "" while a spare
+        self.bound = threading.Event()
+        if vault_id:
+            self.bound.set()
         self.app: Any = None
         self.started = time.monotonic()
         self.inflight = 0
@@ -153,6 +169,8 @@ class WorkerRole:
             return None
 
         def served(app: Any, ctx: Context) -> dict[str, Any]:
+            if not self.vault_id:
+                raise ProtocolError("this process serves no vault yet: ask the main daemon socket (vault.route)")
             if name in ROUTER_METHODS and name not in WORKER_ALSO:
                 raise ProtocolError(f"{name} is the main daemon's: send it to its socket, not to a vault's process")
             ref = ctx.params.raw.get("vault")
@@ -160,10 +178,7 @@ class WorkerRole:
                 app.vaults.mine(ref)
             with self._count:
                 if self.ending:
-                    raise MemoriesError(
-                        f"the process of vault {self.vault_id} is ending (the vault was locked): run the command again",
-                        code=ENDING,
-                    )
+                    raise self.ending_error()
                 self.inflight += 1
             try:
                 return dict(base(app, ctx))
@@ -175,22 +190,45 @@ class WorkerRole:
         return served
 
     def loops(self, server: Any) -> list[Any]:
+        # jieba's dictionary loads while the process waits (a spare, or the first request's round trip);
+        # in a thread of its own, so that a lock right after start never waits for it.
+        threading.Thread(target=self.app.rag.warm, name="memoriesd-warm", daemon=True).start()
         return [self._life(server)]
 
     def close(self) -> None:
         return None
 
+    def ending_error(self) -> MemoriesError:
+        """A request that reached this process after it decided to end: nothing ran, the client asks again."""
+        return MemoriesError(
+            f"the process of vault {self.vault_id} is ending (the vault was locked): run the command again", code=ENDING
+        )
+
+    def bind(self, vault_id: str, create: bool) -> None:
+        """A spare becomes the process of ``vault_id``."""
+        vaults = self.app.vaults
+        vaults.vault_id, vaults._may_create = vault_id, create
+        self.vault_id = vault_id
+        self.started = time.monotonic()
+        for h in logging.getLogger().handlers:
+            h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {vault_id}]: %(message)s"))
+        self.bound.set()
+        self.say("bound")
+
     def _control(self) -> None:
-        """The router's commands on stdin: ``lock REASON``; end of input = the router is gone."""
+        """The router's commands on stdin: ``bind ID [create]``, ``lock REASON``; end of input = the router is gone."""
         reason = "the daemon stopped"
         try:
             for line in sys.stdin.buffer:
-                parts = line.decode("ascii", "replace").split(None, 1)
-                if parts and parts[0] == "lock":
-                    reason = parts[1].strip() if len(parts) > 1 else "lock"
+                parts = line.decode("ascii", "replace").split()
+                if parts[:1] == ["bind"] and len(parts) >= 2 and not self.vault_id:
+                    self.bind(parts[1], parts[2:3] == ["create"])
+                elif parts[:1] == ["lock"]:
+                    reason = " ".join(parts[1:]) or "lock"
                     break
         except (OSError, ValueError):
             pass
+        self.say("locking")
         with self._count:
             self.ending = True  # requests in flight drain (the lock waits for them); new ones are refused
         try:
@@ -203,6 +241,8 @@ class WorkerRole:
         threading.Thread(target=self._control, name="memoriesd-control", daemon=True).start()
         while not server.stopping.is_set():
             await asyncio.sleep(CHECK_SECONDS)
+            if not self.bound.is_set():
+                continue  # a spare waits for its vault however long it takes
             with self._count:
                 if self.ending or self.inflight or self.app.vaults.holds():
                     continue
@@ -218,9 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="memoriesd-vault", description="One vault's process (started by memoriesd).")
     parser.add_argument("--home", required=True)
     parser.add_argument("--socket", required=True)
-    parser.add_argument("--vault", required=True)
+    parser.add_argument("--vault", default="")
     parser.add_argument("--create", action="store_true", help="serve vault.create for this new vault id")
+    parser.add_argument("--spare", action="store_true", help="wait for `bind VAULT_ID [create]` on stdin")
     args = parser.parse_args(argv)
+    if bool(args.vault) == args.spare:
+        parser.error("give --vault ID or --spare")
     harden()
     bound_heap()
     code = 0
@@ -230,15 +273,17 @@ def main(argv: list[str] | None = None) -> None:
         config = load_config(home.config_path)
         setup_logging(home, config.daemon.log_level)
         for h in logging.getLogger().handlers:
-            h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {args.vault}]: %(message)s"))
+            h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {args.vault or '(spare)'}]: %(message)s"))
         role = WorkerRole(args.vault)
         app = App(home, config, config_watch, vaults=BoundVaults(home, config, args.vault, args.create, role.unlocked))
         app.workers = role
         role.app = app
+        # The local model lives in the model process, which the router ends when this vault locks.
+        app.rag.local_factory = lambda *_a, **_k: ModelClient(home, role.vault_id)
         server = Server(app)
         server.socket_path = Path(args.socket)
         asyncio.run(server.run())
-        log.info("vault %s: its process ends", args.vault)
+        log.info("vault %s: its process ends", role.vault_id or "(spare)")
     except Exception:  # noqa: BLE001 - said in the log; the router reports the vault locked
         log.exception("vault process failed")
         code = 1

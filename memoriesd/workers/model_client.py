@@ -1,0 +1,125 @@
+"""A vault process's view of the model process: an embedder with :class:`LocalEmbedder`'s surface.
+
+The vault's process asks the router where the model is served (``model.route``, which starts the
+model process when none runs) and sends it texts over a Unix socket; vectors come back as float32.
+When the model process went away (the router recycled it after another vault locked, or it was idle
+too long), the next call asks for the route again and retries once on the fresh process.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..embed.profile import ModelProfile
+from ..errors import MemoriesError, ModelUnavailable
+from ..home import Home
+from ..server import protocol
+
+#: A connection to the router or the model process is made within this.
+CONNECT_SECONDS = 5.0
+#: The router's answer to ``model.route`` may wait for a model to load (EmbeddingGemma fp32: seconds).
+ROUTE_SECONDS = 300.0
+
+
+def _error_classes() -> dict[str, type[MemoriesError]]:
+    out: dict[str, type[MemoriesError]] = {}
+    todo: list[type[MemoriesError]] = [MemoriesError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        code = getattr(cls, "code", None)
+        if isinstance(code, str):
+            out.setdefault(code, cls)
+    return out
+
+
+def raise_error(err: Any) -> None:
+    """Re-raise an error frame as the class its code names (``model_input_failed`` stays one)."""
+    err = err if isinstance(err, dict) else {}
+    code = str(err.get("code", "internal"))
+    cls = _error_classes().get(code, MemoriesError)
+    exc = cls(str(err.get("message", "unknown error")))
+    exc.code = code
+    raise exc
+
+
+def ask(path: str | Path, method: str, params: dict[str, Any], timeout: float | None) -> Any:
+    """One request on a fresh connection to a socket of the daemon; the result, or its error raised."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(CONNECT_SECONDS)
+        s.connect(str(path))
+        s.settimeout(timeout)
+        s.sendall(protocol.encode({"id": 1, "method": method, "params": params}, 1 << 30))
+        while True:
+            msg = protocol.recv_frame(s, 1 << 30)
+            if "progress" in msg:
+                continue
+            if "error" in msg:
+                raise_error(msg["error"])
+            return msg.get("result")
+
+
+class ModelClient:
+    """An embedder served by the model process (see :mod:`memoriesd.workers.model`)."""
+
+    def __init__(self, home: Home, vault_id: str) -> None:
+        self.home = home
+        self.vault_id = vault_id
+        self._path: str | None = None
+        self._lock = threading.Lock()
+        info = self._call("model.info", {})
+        p = dict(info["profile"])
+        self.profile = ModelProfile(**p)
+        self.identity = str(info["identity"])
+        self.dimensions = int(info["dimensions"])
+        self.is_gemma = bool(info["is_gemma"])
+        self.weights_digest = str(info["weights_digest"])
+
+    @property
+    def max_tokens(self) -> int:
+        return self.profile.max_tokens
+
+    def _route(self, fresh: bool) -> str:
+        with self._lock:
+            if self._path is None or fresh:
+                try:
+                    out = ask(self.home.socket_path, "model.route", {"vault": self.vault_id}, ROUTE_SECONDS)
+                except OSError as exc:
+                    raise ModelUnavailable("the daemon could not be asked for the embedding model: run the command again") from exc
+                self._path = str(out["socket"])
+            return self._path
+
+    def _call(self, method: str, params: dict[str, Any]) -> Any:
+        path = self._route(False)
+        try:
+            return ask(path, method, params, None)
+        except (ConnectionError, OSError):
+            pass  # the model process ended (recycled after a lock, or idle): ask for it again, once
+        try:
+            return ask(self._route(True), method, params, None)
+        except (ConnectionError, OSError) as exc:
+            raise ModelUnavailable("the embedding model's process ended during the request: run the command again") from exc
+
+    @staticmethod
+    def _vectors(out: dict[str, Any]) -> np.ndarray:
+        raw = base64.b64decode(out["vectors"])
+        return np.frombuffer(raw, dtype="<f4").reshape(int(out["rows"]), int(out["dims"])).astype(np.float32)
+
+    def embed_queries(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
+        return self._vectors(self._call("model.embed", {"kind": "query", "texts": list(texts)}))
+
+    def embed_documents(self, items: Any, **_: Any) -> np.ndarray:
+        pairs = [[title, text] for title, text in items]
+        return self._vectors(self._call("model.embed", {"kind": "document", "items": pairs}))
+
+    def count_tokens(self, text: str) -> int:
+        return int(self._call("model.count", {"texts": [text]})["counts"][0])
+
+
+__all__ = ["ModelClient", "ask", "raise_error"]
