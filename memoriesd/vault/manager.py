@@ -41,7 +41,7 @@ from . import crypto, fsio
 from .format import HEADER_NAME, atomic_write, read_header
 from .live import LiveVault, locked_error
 from .records import new_record_id
-from .store import KdfParams, VaultStore, public_header, unwrap_key
+from .store import KdfParams, RekeyParts, VaultStore, public_header, unwrap_key
 
 log = logging.getLogger("memoriesd.vault")
 KEYRING_SERVICE = "memories-vault"
@@ -222,12 +222,15 @@ class VaultManager:
                 store = self._slowed(vault_id, lambda: VaultStore.open(vault_dir, passphrase=passphrase))
             self._register(store)
         log.info("vault %s unlocked", vault_id)
+        self._notify_unlocked(vault_id)
+        return store
+
+    def _notify_unlocked(self, vault_id: str) -> None:
         for listener in list(self._unlock_listeners):
             try:
                 listener(vault_id)
             except Exception:  # an unlock never fails for a listener
                 log.exception("unlock listener failed")
-        return store
 
     def on_unlock(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(vault_id)`` after a vault was unlocked (e.g. to resume background indexing)."""
@@ -362,6 +365,56 @@ class VaultManager:
             finally:
                 crypto.wipe(key)
         log.info("vault %s passphrase changed", vault_id)
+
+    def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
+        """New passphrase and a new vault key: the whole vault is sealed again under it
+        (:meth:`VaultStore.rekey`), so a copy of the old header opens nothing written since.
+
+        An unlocked vault is locked first (its in-flight work ends and what it keeps in memory is
+        written while the old key is valid), re-sealed by a store that nothing else uses, then
+        unlocked again under the new key (the keyring's copy, if any, is replaced). Its two Argon2id
+        runs (the old passphrase, the new one) take this process's KDF lock one after the other.
+        """
+        vault_id = self.resolve(ref)
+        if not new:
+            raise UsageError("the new passphrase is empty: choose a passphrase")
+        vault_dir = self.home.vaults / vault_id
+        with self._gate(vault_id):
+            header = read_header(vault_dir, self.name_of(vault_id))
+            key = self._slowed(vault_id, lambda: unwrap_key(header, old))
+            try:
+                if not header.verify_mac(key):
+                    raise VaultCorrupt(
+                        f"vault {header.name} is damaged (its header was altered): restore the vault directory from a backup"
+                    )
+                was_open = self._close(vault_id, "key change")
+                store = VaultStore.open(vault_dir, key=bytearray(key))  # recovers an interrupted write first
+            finally:
+                crypto.wipe(key)
+            try:
+                stats = store.rekey(new, self.kdf(), parts)
+            except BaseException:
+                if was_open and not store.closed and store.usable:
+                    self._register(store)  # nothing changed: the vault stays unlocked, as it was
+                    self._notify_unlocked(vault_id)
+                else:
+                    store.close()
+                raise
+            remembered = self._keyring_get(vault_id)
+            if remembered is not None:
+                crypto.wipe(remembered)
+                try:
+                    self.remember(store)
+                except KeyringUnavailable:
+                    self._keyring_delete(vault_id)  # never keep a key that opens nothing
+            if was_open:
+                self._register(store)
+            else:
+                store.close()
+        log.info("vault %s: passphrase and key changed", vault_id)
+        if was_open:
+            self._notify_unlocked(vault_id)
+        return {**stats, "unlocked": was_open, "remembered": remembered is not None}
 
     # ------------------------------------------------------------------ keyring
 

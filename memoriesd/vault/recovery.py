@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import fsio
-from .format import PRESERVED_PREFIX, atomic_write, fsync_dir
+from .format import HEAD_NAME, PRESERVED_PREFIX, atomic_write, fsync_dir
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -91,4 +91,69 @@ def clean_leftovers(vault_dir: Path, vault_id: str, head_epoch: int) -> None:
             )
         changed = True
     if changed:
+        fsync_dir(vault_dir)
+
+
+# ----------------------------------------------------------------------------- key change (rekey)
+
+#: Prefix of the files a key change (``vault passwd --rekey``) writes beside the vault, sealed
+#: under the new key, before ``header.json`` switches to that key (docs/format.md, "Key change").
+REKEY_PREFIX = "rekey-"
+#: The staged head: it opens under the key ``header.json`` wraps exactly when the switch happened.
+REKEY_HEAD = REKEY_PREFIX + HEAD_NAME
+#: The sealed derived files of a vault (under subkeys of the vault key). Once a key change has
+#: switched, those left of the old key are removed (their staged replacements take their place).
+DERIVED_FILES = ("lexical-index.bin", "vector-spaces.bin", "recalls.bin", "vectors-*.bin")
+
+
+def staged_files(vault_dir: Path) -> list[Path]:
+    """The files a key change staged (``rekey-*``), the head last."""
+    found = [p for p in vault_dir.iterdir() if p.name.startswith(REKEY_PREFIX)]
+    return sorted(found, key=lambda p: (p.name == REKEY_HEAD, p.name))
+
+
+def discard_rekey(vault_dir: Path, vault_id: str) -> None:
+    """Remove the staged files of a key change that never switched: they are sealed under a key
+    that no header wraps (the one the change made), so nothing can ever read them."""
+    files = staged_files(vault_dir)
+    for p in files:
+        fsio.unlink(p, missing_ok=True)
+    if files:
+        fsync_dir(vault_dir)
+        log.warning("vault %s: removed %d file(s) of a key change that did not finish; the vault keeps its previous key",
+                    vault_id, len(files))
+
+
+def finish_rekey(vault_dir: Path, vault_id: str, epoch: int) -> None:
+    """Move a switched key change's staged files into place; idempotent, so a crash at any step
+    is finished by the next call (unlock calls it when the staged head opens under the header's key).
+
+    1. While the staged log is still staged, every derived file without the prefix is one of the
+       old key: remove them all (nothing staged has been moved yet).
+    2. Move the staged log into place: from then on step 1 is done.
+    3. Move every other staged derived file into place.
+    4. Move the staged head over ``head.bin``: the vault now reads as its new key says. The log of
+       the old key is of an older epoch, and :func:`clean_leftovers` removes it.
+    """
+    staged_log = vault_dir / f"{REKEY_PREFIX}log-{epoch:08d}.bin"
+    if staged_log.exists():
+        removed = 0
+        for pattern in DERIVED_FILES:
+            for p in sorted(vault_dir.glob(pattern)):
+                fsio.unlink(p, missing_ok=True)
+                removed += 1
+        if removed:
+            fsync_dir(vault_dir)
+        fsio.replace(staged_log, vault_dir / staged_log.name[len(REKEY_PREFIX) :])
+        fsync_dir(vault_dir)
+    moved = False
+    for p in staged_files(vault_dir):
+        if p.name != REKEY_HEAD:
+            fsio.replace(p, vault_dir / p.name[len(REKEY_PREFIX) :])
+            moved = True
+    if moved:
+        fsync_dir(vault_dir)
+    head = vault_dir / REKEY_HEAD
+    if head.exists():
+        fsio.replace(head, vault_dir / HEAD_NAME)
         fsync_dir(vault_dir)

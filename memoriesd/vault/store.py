@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,15 @@ from .format import (
     seal_head,
 )
 from .records import Record, now
-from .recovery import clean_leftovers, preserve_bytes
+from .recovery import (
+    REKEY_HEAD,
+    REKEY_PREFIX,
+    clean_leftovers,
+    discard_rekey,
+    finish_rekey,
+    preserve_bytes,
+    staged_files,
+)
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -151,6 +159,11 @@ class VaultStore:
     def name(self) -> str:
         return self.header.name
 
+    @property
+    def usable(self) -> bool:
+        """Open, and not refusing writes after a disk error."""
+        return not self.closed and self._failed is None
+
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
@@ -207,10 +220,22 @@ class VaultStore:
     def _load(self) -> None:
         label = self.name
         try:
+            self._settle_rekey()
+        except OSError as exc:
+            raise DiskError(
+                f"vault {label} could not finish an interrupted key change: the disk reported an error "
+                f"({_why(exc)}); no data was removed: check the disk, then unlock the vault again"
+            ) from exc
+        try:
             blob = (self.dir / HEAD_NAME).read_bytes()
             head = open_head(self._head_sealer, self.vault_id, blob)
         except (OSError, ValueError, KeyError, TypeError, crypto.CryptoFailure) as exc:
-            raise VaultCorrupt(f"vault {label} is damaged (its head is invalid): restore the vault directory from a backup") from exc
+            # Also what a header.json from before a key change (`vault passwd --rekey`) meets: its
+            # key opens its own MAC, but the head (like everything else) is sealed under the new key.
+            raise VaultCorrupt(
+                f"vault {label} is damaged (its head is invalid, or header.json is older than the vault's "
+                f"last key change): put back the current header.json, or restore the vault directory from a backup"
+            ) from exc
         path = self.dir / log_name(head.epoch)
         try:
             data = path.read_bytes()
@@ -232,6 +257,20 @@ class VaultStore:
                 f"vault {label} could not finish recovering an interrupted write: the disk reported an error "
                 f"({_why(exc)}); no data was removed: check the disk, then unlock the vault again"
             ) from exc
+
+    def _settle_rekey(self) -> None:
+        """A key change interrupted by a crash: finish it when it had switched (its staged head
+        opens under the key this header wraps), else remove what it staged. Runs before the head
+        is read, under unlock's gate."""
+        if not staged_files(self.dir):
+            return
+        try:
+            staged = open_head(self._head_sealer, self.vault_id, (self.dir / REKEY_HEAD).read_bytes())
+        except (OSError, ValueError, KeyError, TypeError, crypto.CryptoFailure):
+            discard_rekey(self.dir, self.vault_id)
+            return
+        finish_rekey(self.dir, self.vault_id, staged.epoch)
+        log.warning("vault %s: finished a key change that a crash interrupted", self.vault_id)
 
     def _recover_tail(self, path: Path, data: bytes) -> None:
         """Bytes after the head: roll complete groups forward, move the rest to a preserved file.
@@ -550,50 +589,76 @@ class VaultStore:
 
     # ------------------------------------------------------------------ maintenance
 
+    def _log_entries(
+        self, keep_revisions: int | None, setting: Callable[[str, Any], Any] | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, list[Record]], dict[str, Any]]:
+        """The entries of a whole new log (settings first, then each record's revisions, the last
+        entry marked as the end of the group), the records and the settings it holds.
+
+        ``keep_revisions``: compaction keeps that many revisions of each live record and drops
+        deleted ones; None keeps every revision and every deletion (a rekey changes nothing that
+        can be read). ``setting(key, value)`` may replace a setting's value as it is written.
+        """
+        settings = {k: (setting(k, v) if setting is not None else v) for k, v in self.settings.items()}
+        entries: list[dict[str, Any]] = [{"t": "set", "key": k, "value": v} for k, v in settings.items()]
+        new_records: dict[str, list[Record]] = {}
+        for rid, revs in self.records.items():
+            if keep_revisions is None:
+                live = list(revs)
+            elif revs[-1].deleted:
+                continue
+            else:
+                live = [r for r in revs if not r.deleted][-keep_revisions:]
+            new_records[rid] = live
+            entries.extend(r.to_entry() for r in live)
+        if entries:  # the whole new log is one group: its head covers all of it
+            entries[-1] = {**entries[-1], GROUP_END: 1}
+        return entries, new_records, settings
+
+    def _write_log(self, path: Path, epoch: int, entries: list[dict[str, Any]], sealer: crypto.Sealer) -> Head:
+        """Write a whole new log of ``epoch`` to ``path`` (created, never replaced), fsync it and the
+        directory; the head that covers it. On any failure the file is removed again (best effort:
+        else the next unlock deals with it) and the error raised."""
+        prev = chain_start(self.vault_id, epoch)
+        total = 0
+        fd = fsio.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                buf = bytearray()
+                for seq, entry in enumerate(entries):
+                    framed = encode_entry(sealer, self.vault_id, epoch, seq, prev, entry)
+                    prev = next_hash(prev, framed[4:])
+                    buf += framed
+                    total += len(framed)
+                    if len(buf) >= 1 << 20:
+                        fsio.write_all(fd, buf)
+                        buf.clear()
+                fsio.write_all(fd, buf)
+                fsio.fsync(fd)
+            finally:
+                fsio.close(fd)
+            fsync_dir(self.dir)
+        except BaseException:
+            try:
+                fsio.unlink(path, missing_ok=True)
+            except OSError:
+                pass  # an unused copy: the next unlock keeps it aside or removes it
+            raise
+        return Head(epoch, len(entries), total, prev)
+
     def compact(self, keep_revisions: int) -> dict[str, int]:
         """Rewrite the log without deleted records and revisions beyond ``keep_revisions``."""
         with self.lock:
             self._check_writable()
             epoch = self.head.epoch + 1
-            kept: list[dict[str, Any]] = []
-            for key, value in self.settings.items():
-                kept.append({"t": "set", "key": key, "value": value})
             before = sum(len(r) for r in self.records.values())
-            new_records: dict[str, list[Record]] = {}
-            for rid, revs in self.records.items():
-                if revs[-1].deleted:
-                    continue
-                live = [r for r in revs if not r.deleted][-keep_revisions:]
-                new_records[rid] = live
-                kept.extend(r.to_entry() for r in live)
-            if kept:  # the whole new log is one group: its head covers all of it
-                kept[-1] = {**kept[-1], GROUP_END: 1}
-            prev = chain_start(self.vault_id, epoch)
+            kept, new_records, _ = self._log_entries(keep_revisions)
             path = self.dir / log_name(epoch)
             old = self.dir / log_name(self.head.epoch)
-            total = 0
-            created = False
             renamed = False  # set the moment the head naming the new log is in place
             new_head: Head | None = None
             try:
-                fd = fsio.open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                created = True
-                try:
-                    buf = bytearray()
-                    for seq, entry in enumerate(kept):
-                        framed = encode_entry(self._records, self.vault_id, epoch, seq, prev, entry)
-                        prev = next_hash(prev, framed[4:])
-                        buf += framed
-                        total += len(framed)
-                        if len(buf) >= 1 << 20:
-                            fsio.write_all(fd, buf)
-                            buf.clear()
-                    fsio.write_all(fd, buf)
-                    fsio.fsync(fd)
-                finally:
-                    fsio.close(fd)
-                fsync_dir(self.dir)
-                new_head = Head(epoch, len(kept), total, prev)
+                new_head = self._write_log(path, epoch, kept, self._records)
                 # The head's steps one by one (not atomic_write): whatever fails after the rename,
                 # this code knows the new head is in place and must not remove the new log.
                 replace_file(self.dir / HEAD_NAME, seal_head(self._head_sealer, self.vault_id, new_head))
@@ -610,7 +675,7 @@ class VaultStore:
                     raise self._fail(exc, saved=None) from exc
                 # The head was not replaced (this process knows it): the new log is an unused copy
                 # of entries the old one holds, and this process created it.
-                if created:
+                if new_head is not None:
                     try:
                         fsio.unlink(path, missing_ok=True)
                     except OSError:
@@ -631,26 +696,32 @@ class VaultStore:
                 self._failed = _why(exc)
                 log.warning("vault %s: compacted, but the old log could not be removed (%s)", self.vault_id, _why(exc))
             after = sum(len(r) for r in new_records.values())
-            return {"revisions_before": before, "revisions_after": after, "log_bytes": total}
+            return {"revisions_before": before, "revisions_after": after, "log_bytes": new_head.log_bytes}
 
     def _compacted(self, new_head: Head, new_records: dict[str, list[Record]]) -> None:
         self.head = new_head
         self.records = new_records
         self.generation += 1
 
+    def _new_header(self, passphrase: bytes | bytearray, key: bytearray, kdf: KdfParams) -> Header:
+        """This vault's header with a new salt, ``key`` wrapped under ``passphrase`` (Argon2id) and its MAC."""
+        header = replace(self.header)
+        header.kdf = {
+            "alg": "argon2id",
+            "memory_kib": kdf.memory_kib,
+            "iterations": kdf.iterations,
+            "lanes": kdf.lanes,
+            "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
+        }
+        _wrap_key(header, passphrase, key)
+        return header
+
     def rewrap(self, new_passphrase: bytes | bytearray, kdf: KdfParams) -> None:
-        """New passphrase: a new salt and wrapped key; no record is re-encrypted."""
+        """New passphrase: a new salt and wrapped key; no record is re-encrypted (the vault key
+        stays: a copy of the old header still opens the vault with the old passphrase)."""
         with self.lock:
             self._check_writable()
-            header = replace(self.header)
-            header.kdf = {
-                "alg": "argon2id",
-                "memory_kib": kdf.memory_kib,
-                "iterations": kdf.iterations,
-                "lanes": kdf.lanes,
-                "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
-            }
-            _wrap_key(header, new_passphrase, self.key)
+            header = self._new_header(new_passphrase, self.key, kdf)
             try:
                 atomic_write(self.dir / HEADER_NAME, header.to_bytes())
             except DirSyncFailed as exc:
@@ -668,6 +739,134 @@ class VaultStore:
                     f"({_why(exc)}): check the disk and try again"
                 ) from exc
             self.header = header
+
+    def rekey(self, new_passphrase: bytes | bytearray, kdf: KdfParams, parts: RekeyParts | None = None) -> dict[str, int]:
+        """New passphrase AND a new random vault key: every file sealed under the old key is
+        written again under the new one, so a copy of the old header opens nothing written since.
+
+        Crash-safe by one switch (docs/format.md, "Key change"): the whole log (every revision, as
+        a new epoch), each derived file ``parts.stage`` re-seals, and the head are written and
+        fsynced beside the vault as ``rekey-*`` files; then ``header.json`` is replaced atomically
+        by one that wraps the new key; only then are the staged files moved into place
+        (:func:`~.recovery.finish_rekey`). A crash before the switch leaves the old vault whole
+        (unlock removes the staged files); after it, unlock finishes the moves.
+
+        The caller holds the vault closed (no attachment uses the old key) and serialises Argon2id
+        runs. Returns the counts the stages report.
+        """
+        parts = parts or RekeyParts()
+        with self.lock:
+            self._check_writable()
+            try:
+                discard_rekey(self.dir, self.vault_id)  # left by an earlier attempt (unlock removes them too)
+            except OSError as exc:
+                raise DiskError(
+                    f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}): "
+                    f"check the disk and try again"
+                ) from exc
+            new_key = crypto.new_key()
+            rk = Rekeying(self, new_key)
+            records = crypto.Sealer(new_key, crypto.LABEL_RECORDS)
+            head_sealer = crypto.Sealer(new_key, crypto.LABEL_HEAD)
+            switched = False
+            try:
+                header = self._new_header(new_passphrase, new_key, kdf)
+                epoch = self.head.epoch + 1
+                stats: dict[str, int] = {}
+                setting = parts.setting
+                try:
+                    entries, _, settings = self._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
+                    new_head = self._write_log(rk.staged(log_name(epoch)), epoch, entries, records)
+                    for stage in parts.stage:
+                        stats.update(stage(rk) or {})
+                    # Staged last: a staged head exists only once everything it needs is durable.
+                    atomic_write(rk.staged(HEAD_NAME), seal_head(head_sealer, self.vault_id, new_head))
+                except BaseException as exc:
+                    self._unstage()
+                    if isinstance(exc, OSError):
+                        raise DiskError(
+                            f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}); "
+                            f"nothing changed: check the disk (a key change needs room for a second copy of the "
+                            f"vault) and try again"
+                        ) from exc
+                    raise
+                try:  # the switch: header.json wraps the new key
+                    atomic_write(self.dir / HEADER_NAME, header.to_bytes())
+                except DirSyncFailed as exc:
+                    # header.json wraps the new key now, but the rename may not survive a power loss:
+                    # nothing is moved, so whichever header comes back finds its own files at unlock.
+                    self._failed = _why(exc)
+                    raise DiskError(
+                        f"vault {self.name}: the new key was written but the disk reported an error ({_why(exc)}), "
+                        f"so after a crash the old passphrase may be the one that opens it: check the disk, then "
+                        f"unlock the vault (try the new passphrase, then the old one)"
+                    ) from exc
+                except OSError as exc:
+                    self._unstage()
+                    raise DiskError(
+                        f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}); "
+                        f"nothing changed: check the disk and try again"
+                    ) from exc
+                switched = True
+            finally:
+                if not switched:
+                    records.wipe()
+                    head_sealer.wipe()
+                    crypto.wipe(new_key)
+            old = (self._records, self._head_sealer, self.key)
+            self.key, self._records, self._head_sealer = new_key, records, head_sealer
+            self.header, self.head, self.settings = header, new_head, settings
+            self.generation += 1
+            old[0].wipe()
+            old[1].wipe()
+            crypto.wipe(old[2])
+            try:
+                finish_rekey(self.dir, self.vault_id, epoch)
+                fsio.unlink(self.dir / log_name(epoch - 1), missing_ok=True)  # sealed under the old key
+                fsync_dir(self.dir)
+            except OSError as exc:
+                self._failed = _why(exc)
+                raise DiskError(
+                    f"vault {self.name}: the key was changed, but the disk reported an error ({_why(exc)}) while "
+                    f"putting the new files in place: check the disk, then unlock the vault with the new "
+                    f"passphrase (unlock finishes it)"
+                ) from exc
+            return stats
+
+    def _unstage(self) -> None:
+        """Remove what a key change staged before it switched (best effort: no header wraps their
+        key, so the next unlock removes whatever is left)."""
+        try:
+            discard_rekey(self.dir, self.vault_id)
+        except OSError:
+            pass
+
+
+@dataclass
+class Rekeying:
+    """What a key change hands to the code of each sealed derived file: the store (still under its
+    old key), the new key, and where to stage a file for it."""
+
+    store: VaultStore
+    new_key: bytearray
+
+    def staged(self, name: str) -> Path:
+        """Where the new key's ``name`` is written until the switch (``rekey-<name>``)."""
+        return self.store.dir / (REKEY_PREFIX + name)
+
+
+@dataclass(frozen=True)
+class RekeyParts:
+    """What a key change does beyond the log and the head, given by the layers above the vault.
+
+    ``setting(key, value, rekeying)``: a setting's value as the new log holds it (grants keep the
+    key their token hash was made with). ``stage``: each writes the new key's version of some
+    derived files with :meth:`Rekeying.staged` names, fsynced, and returns counts for the reply;
+    derived files no stage writes are removed once the key changed (their owners rebuild them).
+    """
+
+    setting: Callable[[str, Any, Rekeying], Any] | None = None
+    stage: Sequence[Callable[[Rekeying], dict[str, int] | None]] = ()
 
 
 def public_header(vault_dir: Path) -> dict[str, Any] | None:
