@@ -13,12 +13,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..vault import crypto
 from .caches import embed_input
 from .vector_store import (
+    SPACES_NAME,
     VectorStore,
     content_key,
     entry_key,
@@ -58,31 +59,99 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 
 
+def _embed_inputs(store: Any, fp_key: bytes, *, legacy: bool, windows: bool) -> Iterator[tuple[str | None, str, str | None]]:
+    """``(title, text, old-scheme key or None)`` of what the embedder reads for every fragment (then
+    turn window) of the vault's live, searchable records, as the index builds them."""
+    from .caches import index_doc
+
+    for rec in store.latest():
+        if not rec.searchable:
+            continue
+        doc = index_doc(rec, fp_key)
+        for frag in doc.fragments:
+            title, text = embed_input(doc, frag)
+            yield title, text, (entry_key(frag.fingerprint, doc.title) if legacy else None)
+        for wins in doc.windows if windows else ():
+            for w in wins:
+                title, text = embed_input(doc, w)
+                yield title, text, None
+
+
 def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True) -> list[tuple[str, str | None]]:
     """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
     records (one per fragment), computed exactly as the index does (same fragments, same
     fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
     fragment's vector had before content keys (to read or re-key an old sidecar). ``windows``:
     then the keys of the conversation fragments' turn windows (which never had an old-scheme key)."""
-    from .caches import index_doc
-
     fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
     try:
-        out: list[tuple[str, str | None]] = []
-        for rec in store.latest():
-            if not rec.searchable:
-                continue
-            doc = index_doc(rec, bytes(fp_key))
-            for frag in doc.fragments:
-                title, text = embed_input(doc, frag)
-                out.append((content_key(fp_key, title, text), entry_key(frag.fingerprint, doc.title) if legacy else None))
-            for wins in doc.windows if windows else ():
-                for w in wins:
-                    title, text = embed_input(doc, w)
-                    out.append((content_key(fp_key, title, text), None))
-        return out
+        return [
+            (content_key(fp_key, title, text), old)
+            for title, text, old in _embed_inputs(store, bytes(fp_key), legacy=legacy, windows=windows)
+        ]
     finally:
         crypto.wipe(fp_key)
+
+
+def rekey_vectors(rk: Any) -> dict[str, int]:
+    """A key change's stage for sealed vectors (:class:`~memoriesd.vault.store.Rekeying`): every
+    sidecar whose model the space list names is sealed again under the new key, named for it, its
+    vectors keyed by the new key's content keys, each row in the encoding it had; the space list
+    too. Nothing is embedded again. Vectors of no live fragment go (as in compaction), and so does
+    a sidecar of unknown model identity (it cannot be opened: it is removed with the old key's
+    files, and recomputed if its model is used again)."""
+    store = rk.store
+    stats = {"vector_entries_kept": 0, "vector_entries_dropped": 0, "vector_files": 0}
+    old = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    new = crypto.Sealer(rk.new_key, crypto.LABEL_VECTORS)
+    try:
+        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=old.open)
+        if not spaces:
+            return stats
+        rename: dict[str, str] | None = None
+        new_spaces: dict[str, dict[str, object]] = {}
+        for oid, entry in spaces.items():
+            identity, dims = str(entry["identity"]), int(str(entry["dims"]))
+            new_oid = sidecar_id(rk.new_key, identity)
+            new_spaces[new_oid] = dict(entry)
+            path = sidecar_path(store.dir, oid)
+            if not path.exists():
+                continue
+            if rename is None:
+                rename = _rekey_map(store, rk.new_key)
+            src = VectorStore(path, vault_id=store.vault_id, identity=identity, dims=dims, seal=old.seal, open_=old.open)
+            dst = VectorStore(
+                rk.staged(sidecar_path(store.dir, new_oid).name),
+                vault_id=store.vault_id, identity=identity, dims=dims, seal=new.seal, open_=new.open,
+            )
+            got = src.reseal(dst, rename)
+            if got is not None:
+                stats["vector_files"] += 1 if got[0] else 0
+                stats["vector_entries_kept"] += got[0]
+                stats["vector_entries_dropped"] += got[1]
+        write_spaces(store.dir, new_spaces, vault_id=store.vault_id, seal=new.seal, name=rk.staged(SPACES_NAME).name)
+        return stats
+    finally:
+        old.wipe()
+        new.wipe()
+
+
+def _rekey_map(store: Any, new_key: bytes | bytearray) -> dict[str, str]:
+    """Old content key (and old-scheme key) -> the new key's content key, of every live fragment
+    and turn window: the same model input under the two fingerprint subkeys."""
+    old_fp = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+    new_fp = crypto.subkey(new_key, crypto.LABEL_FINGERPRINT)
+    try:
+        out: dict[str, str] = {}
+        for title, text, legacy in _embed_inputs(store, bytes(old_fp), legacy=True, windows=True):
+            new = content_key(new_fp, title, text)
+            out[content_key(old_fp, title, text)] = new
+            if legacy is not None:
+                out.setdefault(legacy, new)
+        return out
+    finally:
+        crypto.wipe(old_fp)
+        crypto.wipe(new_fp)
 
 
 def _legacy_rename(pairs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
@@ -189,4 +258,4 @@ def sealed_status(
     return out
 
 
-__all__ = ["compact_vectors", "live_fragment_keys", "register_space", "sealed_status", "sidecar_id"]
+__all__ = ["compact_vectors", "live_fragment_keys", "register_space", "rekey_vectors", "sealed_status", "sidecar_id"]

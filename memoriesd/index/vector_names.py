@@ -94,10 +94,13 @@ def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dic
         return {}
 
 
-def write_spaces(vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal) -> None:
-    """Replace ``vector-spaces.bin`` atomically (temp file 0600, fsync, rename, fsync dir)."""
+def write_spaces(
+    vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal, name: str = SPACES_NAME
+) -> None:
+    """Replace ``vector-spaces.bin`` (or ``name``: a key change stages it) atomically (temp file
+    0600, fsync, rename, fsync dir)."""
     plain = json.dumps({"spaces": {k: dict(v) for k, v in spaces.items()}}, sort_keys=True).encode("utf-8")
-    atomic_write(Path(vault_dir) / SPACES_NAME, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
+    atomic_write(Path(vault_dir) / name, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
 
 
 _CONTENT_LABEL = b"memories/v2/vector-input\0"

@@ -116,21 +116,45 @@ def _digest(blob: bytes) -> bytes:
 
 
 class _Repacking:
-    """:meth:`VectorStore.repack`'s output: entries re-encoded and sealed into ``fd`` a chunk at a time."""
+    """:meth:`VectorStore.repack`'s (and :meth:`VectorStore.reseal`'s) output: entries re-encoded and
+    sealed by ``store`` into ``fd`` a chunk at a time.
 
-    def __init__(self, store: VectorStore, fd: int) -> None:
+    ``rename`` (reseal): only entries whose key it maps are kept, under the new key; ``keep_encoding``:
+    each row stays in the encoding its chunk had (decoding and encoding again gives the same bytes),
+    instead of ``store.encoding``."""
+
+    def __init__(self, store: VectorStore, fd: int, *, rename: Mapping[str, str] | None = None, keep_encoding: bool = False) -> None:
         self.store = store
         self.fd = fd
+        self.rename = rename
+        self.keep_encoding = keep_encoding
+        self.encoding = store.encoding
         self.keys: list[str] = []
         self.rows: list[np.ndarray] = []
         self.chunks = 0
         self.end = HEADER_SIZE
         self.chain = b""
         self.entries = 0
+        self.dropped = 0
 
     def take(self, chunk: Chunk) -> None:
-        self.keys.extend(chunk.keys)
-        self.rows.append(chunk.decoded())
+        keys = chunk.keys
+        if self.rename is None:
+            rows = chunk.decoded()
+        else:
+            rename = self.rename
+            picks = [i for i, k in enumerate(keys) if k in rename]
+            self.dropped += len(keys) - len(picks)
+            if not picks:
+                return
+            rows = chunk.decoded(None if len(picks) == len(keys) else np.asarray(picks))
+            keys = [rename[keys[i]] for i in picks]
+        encoding = chunk.encoding if self.keep_encoding else self.store.encoding
+        if encoding != self.encoding:
+            self._emit()  # one encoding per chunk
+            self.encoding = encoding
+        self.keys.extend(keys)
+        self.rows.append(rows)
         if len(self.keys) >= CHUNK_ENTRIES:
             self._emit()
 
@@ -138,7 +162,7 @@ class _Repacking:
         if not self.keys:
             return
         st = self.store
-        plain = encode_chunk(self.keys, np.concatenate(self.rows), st.encoding)
+        plain = encode_chunk(self.keys, np.concatenate(self.rows), self.encoding)
         blob = st._seal(plain, st._chunk_aad(self.chunks))
         self.chain = _chain(self.chain, blob)
         fsio.write_all(self.fd, _FRAME.pack(len(blob)) + blob)
@@ -501,6 +525,53 @@ class VectorStore:
             self.file_encoding = self.encoding
             self._read_entries, self._read_chunks = out.entries, out.chunks
             return out.entries
+
+    def reseal(self, target: VectorStore, rename: Mapping[str, str]) -> tuple[int, int] | None:
+        """Write ``target`` (another file, sealed by its own functions: the vault's new key) with
+        the entries of this file whose key ``rename`` maps, under their new keys, each row in the
+        encoding it was stored in: a key change keeps every vector without embedding anything
+        again. Streams a chunk at a time; the new file goes through a temp file (O_EXCL 0600,
+        fsync, rename, fsync dir). Returns (kept, dropped); None when this file is missing or
+        damaged (then nothing is written and this file is left as it is: its vectors are
+        recomputed). Write errors are raised as they are (``OSError``)."""
+        with self._lock:
+            try:
+                src = open(self.path, "rb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:
+                return None
+            tmp = target.path.with_name(f".{target.path.name}.{secrets.token_hex(6)}.tmp")
+            damaged: Exception | None = None
+            try:
+                with src:
+                    out = _Repacking(target, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600),
+                                     rename=rename, keep_encoding=True)
+                    try:
+                        fsio.write_all(out.fd, MAGIC + bytes(2 * SLOT_SIZE))
+                        try:
+                            self._scan(src, out.take)
+                        except _TakeFailed as failed:  # sealing or writing the new file failed
+                            raise failed.error from None
+                        except OSError:
+                            raise
+                        except Exception as exc:  # the source file is damaged
+                            damaged = exc
+                        if damaged is None and out.entries + len(out.keys):
+                            out.finish()
+                    finally:
+                        fsio.close(out.fd)
+                if damaged is None and out.entries:
+                    fsio.replace(tmp, target.path)
+                    fsync_dir(target.path.parent)
+                else:
+                    fsio.unlink(tmp, missing_ok=True)
+            except BaseException:
+                fsio.unlink(tmp, missing_ok=True)
+                raise
+            if damaged is not None:
+                log.warning("vector cache %s is damaged (%s); its vectors will be recomputed",
+                            self.path.name, _damage_reason(damaged))
+                return None
+            return out.entries, out.dropped
 
     def retain(self, keep: Collection[str], rename: Mapping[str, str] | None = None) -> tuple[int, int] | None:
         """Rewrite the file with only the entries whose key is in ``keep`` (compaction), atomically

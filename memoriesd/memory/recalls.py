@@ -150,6 +150,32 @@ class Recalls:
                 self._counts = None
 
 
+def rekey_recalls(rk: Any) -> dict[str, int]:
+    """A key change's stage for the counters (:class:`~memoriesd.vault.store.Rekeying`): the file
+    sealed again under the new key, as it is. An unreadable file is not carried over (counters
+    start from zero, as they would)."""
+    store = rk.store
+    try:
+        blob = (store.dir / RECALLS_NAME).read_bytes()
+    except FileNotFoundError:
+        return {}
+    old = crypto.Sealer(store.key, crypto.LABEL_RECALLS)
+    new = crypto.Sealer(rk.new_key, crypto.LABEL_RECALLS)
+    try:
+        try:
+            if not blob.startswith(MAGIC):
+                raise ValueError("magic")
+            plain = old.open(blob[len(MAGIC) :], _aad(store.vault_id))
+        except (crypto.CryptoFailure, ValueError):
+            log.warning("vault %s: the recall counters are unreadable; they start again from zero", store.vault_id)
+            return {}
+        atomic_write(rk.staged(RECALLS_NAME), MAGIC + new.seal(plain, _aad(store.vault_id)))
+        return {"recall_counters": len(json.loads(plain))}
+    finally:
+        old.wipe()
+        new.wipe()
+
+
 def recalls_of(app: Any, store: VaultStore) -> Recalls:
     """The vault's counters (``vault_locked`` once it is closing)."""
     live = app.vaults.live_of(store)
@@ -170,4 +196,4 @@ def note_recalls(app: Any, store: VaultStore, record_ids: Iterable[str]) -> int:
         return 0
 
 
-__all__ = ["ATTACHMENT", "FLUSH_SECONDS", "RECALLS_NAME", "Recalls", "note_recalls", "recalls_of"]
+__all__ = ["ATTACHMENT", "FLUSH_SECONDS", "RECALLS_NAME", "Recalls", "note_recalls", "recalls_of", "rekey_recalls"]

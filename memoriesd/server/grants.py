@@ -22,6 +22,7 @@ records, credentials and files answer like a missing id; ``all`` needs ``forget-
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import secrets
@@ -114,12 +115,38 @@ def parse_token(token: str) -> ParsedToken:
     return ParsedToken(parts[1], parts[2])
 
 
-def _token_hash(store: VaultStore, token: str) -> str:
-    key = crypto.subkey(store.key, crypto.LABEL_GRANTS)
+def _token_hash(store: VaultStore, token: str, rec: dict[str, Any] | None = None) -> str:
+    """HMAC of the token under the vault's grant subkey, or under the key a grant made before a key
+    change carries (``hash_key``: its hash cannot be made again without the token)."""
+    carried = rec.get("hash_key") if rec is not None else None
+    if isinstance(carried, str):
+        try:
+            key = bytearray(base64.b64decode(carried, validate=True))
+        except ValueError:
+            key = bytearray()
+        if len(key) != crypto.KEY_BYTES:
+            return ""  # never verifies
+        if store.closed:
+            raise crypto.KeyWiped("the vault was locked")
+    else:
+        key = crypto.subkey(store.key, crypto.LABEL_GRANTS)
     try:
         return crypto.mac(key, token.encode("utf-8")).hex()
     finally:
         crypto.wipe(key)
+
+
+def carry_grant(key: str, value: Any, rk: Any) -> Any:
+    """A key change's setting rewrite (:class:`~memoriesd.vault.store.RekeyParts`): a grant keeps
+    working under the new vault key, so it carries the grant subkey of the key its token hash was
+    made with (sealed in the log like the hash; it derives nothing else, and opens nothing)."""
+    if not key.startswith(SETTING_PREFIX) or not isinstance(value, dict) or "hash_key" in value:
+        return value
+    sub = crypto.subkey(rk.store.key, crypto.LABEL_GRANTS)
+    try:
+        return {**value, "hash_key": base64.b64encode(bytes(sub)).decode("ascii")}
+    finally:
+        crypto.wipe(sub)
 
 
 def _locked(vault_id: str) -> VaultLocked:
@@ -208,7 +235,7 @@ def verify(app: Any, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]
     if ok:
         assert isinstance(rec, dict)
         try:
-            ok = crypto.mac_equal(bytes.fromhex(_token_hash(store, grant.token)), bytes.fromhex(str(rec.get("hash", ""))))
+            ok = crypto.mac_equal(bytes.fromhex(_token_hash(store, grant.token, rec)), bytes.fromhex(str(rec.get("hash", ""))))
         except crypto.KeyWiped:  # locked while we looked
             raise _locked(grant.vault_id) from None
     if store.closed:  # locked while we looked: the key was wiped, so say locked, not invalid
