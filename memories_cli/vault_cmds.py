@@ -216,18 +216,45 @@ def passwd(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     passphrase_stdin: Annotated[bool, typer.Option("--passphrase-stdin", help="Read the old and the new passphrase as two lines of stdin.")] = False,
     passphrase_file: Annotated[Path | None, typer.Option("--passphrase-file", help="Read the old and the new passphrase as two lines of this file.")] = None,
+    rekey: Annotated[
+        bool,
+        typer.Option(
+            "--rekey",
+            help="Also make a new vault key and seal the whole vault again under it, so an old copy of header.json "
+            "opens nothing written since (rewrites every file of the vault; needs room for a second copy).",
+        ),
+    ] = False,
 ) -> None:
-    """Change a vault's passphrase.
+    """Change a vault's passphrase; with --rekey, its key too.
 
-    Re-wraps the vault key; no record is re-encrypted.
+    Plain passwd re-wraps the vault key under the new passphrase; no record is re-encrypted and the
+    key stays the same. So a copy of the old header.json (in a backup, a synced or copied folder)
+    still opens the vault with the old passphrase, including records written after the change.
+
+    --rekey makes a new random vault key and seals everything again under it: the log, the head,
+    the sealed vectors (none is embedded again) and the recall counters; the lexical index is
+    rebuilt at the next search. After it, the old passphrase with an old header.json opens nothing:
+    the vault refuses it as damaged. It rewrites the whole vault (time and disk space of a second
+    copy), locks the vault meanwhile and unlocks it again if it was unlocked; grants keep working.
+    Old copies of the vault files themselves (backups) still open with the old passphrase: they
+    hold what they held.
     """
     if passphrase_stdin or passphrase_file:
         old, new = read_secret_lines(passphrase_stdin, passphrase_file, 2)
     else:
         old = prompt_secret("Current passphrase: ")
         new = prompt_secret("New passphrase: ", confirm=True)
-    out = call("vault.passwd", {"vault": vault, "old": old, "new": new})
-    report(out, "Passphrase changed.")
+    params: dict[str, Any] = {"vault": vault, "old": old, "new": new}
+    if rekey:
+        params["rekey"] = True
+    out = call("vault.passwd", params)
+    if not rekey:
+        report(out, "Passphrase changed (the vault key is the same: an old copy of header.json still opens it with the old passphrase; --rekey changes the key).")
+        return
+    message = "Passphrase and vault key changed: the vault was sealed again under a new key."
+    if out.get("vector_entries_kept"):
+        message += f" Sealed vectors kept: {out['vector_entries_kept']:,} (nothing embedded again)."
+    report(out, message)
 
 
 @vault_app.command("delete")

@@ -16,7 +16,7 @@ from typing import Any
 from .. import __version__
 from ..errors import KeyringUnavailable, NotFound, UsageError
 from ..vault.records import KINDS, Record, new_record_id, now
-from ..vault.store import Setting, VaultStore, public_header
+from ..vault.store import RekeyParts, Setting, VaultStore, public_header
 from .context import Context
 
 Handler = Callable[[Any, Context], dict[str, Any]]
@@ -167,15 +167,33 @@ def vault_lock(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("vault.passwd")
 def vault_passwd(app: Any, ctx: Context) -> dict[str, Any]:
+    """New passphrase; with ``rekey``, a new vault key too: the whole vault is sealed again under it
+    (log, head, sealed vectors, recall counters; the lexical index is rebuilt), so a copy of the old
+    header.json opens nothing written since."""
     ref = ctx.params.text("vault", allow_empty=False)
+    rekey = ctx.params.flag("rekey", False)
     old = _passphrase(ctx, "old")
     new = _passphrase(ctx, "new")
     assert old is not None and new is not None
+    out: dict[str, Any] = {}
     try:
-        app.vaults.passwd(ref, old, new)
+        if rekey:
+            out = dict(app.vaults.rekey(ref, old, new, rekey_parts()))
+        else:
+            app.vaults.passwd(ref, old, new)
     finally:
         _wipe(old, new)
-    return {"vault_id": app.vaults.resolve(ref), "changed": True}
+    return {"vault_id": app.vaults.resolve(ref), "changed": True, "rekeyed": rekey, **out}
+
+
+def rekey_parts() -> RekeyParts:
+    """What a key change does beside the log: grants keep working, sealed vectors and recall
+    counters are sealed again under the new key (every other derived file is rebuilt)."""
+    from ..index.vector_files import rekey_vectors
+    from ..memory.recalls import rekey_recalls
+    from .grants import carry_grant
+
+    return RekeyParts(setting=carry_grant, stage=(rekey_vectors, rekey_recalls))
 
 
 @method("vault.delete")
