@@ -25,6 +25,7 @@ from typing import Any
 
 from memoriesd.errors import MemoriesError
 from memoriesd.vault import fsio
+from memoriesd.vault.recovery import REKEY_PREFIX
 
 from .fsmodel import SYNC_KINDS, DiskModel, RecordingFS, digest, read_dir, write_dir
 from .scenarios import (
@@ -158,7 +159,8 @@ def _check_image(rec: Recording, model: DiskModel, files: dict[str, bytes], wind
                     out.crashes = 1
                     out.failures.append(f"{p.name}: reader raised {type(exc).__name__}: {exc}")
                     return out
-                if sf.atomic and p.read_bytes() not in model.versions.get(p.name, set()):
+                written = model.versions.get(p.name, set()) | model.versions.get(REKEY_PREFIX + p.name, set())
+                if sf.atomic and p.read_bytes() not in written:
                     out.failures.append(f"{p.name}: accepted bytes that were never written as a whole")
                     return out
                 if not sf.atomic and not set(got) <= known.get(p.name, set()):
@@ -168,6 +170,14 @@ def _check_image(rec: Recording, model: DiskModel, files: dict[str, bytes], wind
         return out
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_finished(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The files with a key change's staged ones (``rekey-X``) in place of ``X``, as unlock would
+    move them: so that what a key change wrote counts as written under the name it ends up with."""
+    out = {n: b for n, b in files.items() if not n.startswith(REKEY_PREFIX)}
+    out.update({n[len(REKEY_PREFIX) :]: b for n, b in files.items() if n.startswith(REKEY_PREFIX)})
+    return out
 
 
 def crash_points(rec: Recording) -> list[int]:
@@ -197,7 +207,7 @@ def run_scenario(sc: Scenario, seeds: int, *, points: int | None = None, seeds_s
                 by_kind[kind] = by_kind.get(kind, 0) + 1
                 window = _window(rec.acks, i)
                 wid = zlib.crc32(repr(window).encode())
-                vol = model.volatile()
+                vol = _as_finished(model.volatile())
                 if any(n for sf in SEALED_FILES if not sf.atomic for n in vol if Path(n).match(sf.pattern)):
                     vd = work / "vol" / rec.vid
                     write_dir(vd, vol)

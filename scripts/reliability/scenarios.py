@@ -342,6 +342,23 @@ def _passwd(h: Harness) -> None:
     h.call("vault.passwd", vault=h.vid, old=PW, new=PW2)
 
 
+def _rekey_setup(h: Harness) -> None:
+    """Every kind of sealed file a key change re-seals or drops: vectors, recall counters, the
+    lexical snapshot, a grant; locked and unlocked so the counters and the snapshot are on disk."""
+    _notes_indexed(h)
+    h.call("rag.index", vault=h.vid)
+    h.call("grant.create", vault=h.vid, scopes=["search"], label="tool")
+    h.call("memory.remember", vault=h.vid, text="I live in Lisbon", category="fact", key="home city")
+    h.call("rag.context", vault=h.vid, query="where do I live")  # counts a recall
+    h.call("vault.lock", vault=h.vid)
+    h.call("vault.unlock", vault=h.vid, passphrase=PW)
+
+
+def _rekey(h: Harness) -> None:
+    h.passphrases = (PW2, PW)
+    h.call("vault.passwd", vault=h.vid, old=PW, new=PW2, rekey=True)
+
+
 def _grants(h: Harness) -> None:
     g = h.call("grant.create", vault=h.vid, scopes=["search"], label="tool")
     h.ack("grant create")
@@ -451,6 +468,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("group_commit", _group_commit),
     Scenario("compaction", _compact, _compaction_setup),
     Scenario("passwd", _passwd),
+    Scenario("rekey", _rekey, _rekey_setup, model=True),
     Scenario("grants", _grants),
     Scenario("facts_and_recalls", _facts),
     Scenario("conversation_capture", _capture, atomic=False),
