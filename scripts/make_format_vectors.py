@@ -192,9 +192,54 @@ def build_cases(work: Path) -> None:  # noqa: C901 - one flat list of cases read
     _sidecar_cases(full, b_full, a.key, one, L)
     _snapshot_cases(core, snaps, L)
     _record_known_answers(a, core)
+    _rekey_cases(work, full, full_sidecars, L)
 
 
 OneFn = Callable[..., dict[str, dict[str, bytes]]]
+
+
+def _rekey_cases(work: Path, full: dict[str, bytes], vectors: dict[str, Any], L: int) -> None:
+    """A key change (`vault passwd --rekey`) of vault A with sidecars and recall counters, finished or
+    interrupted on either side of its switch (the replacement of header.json)."""
+    from memoriesd.server.handlers import rekey_parts
+
+    A, new = VAULT_A, NEW_PASSPHRASE
+    rekeyed = continue_vault(work, full, A, "rekey", lambda s: s.rekey(new.encode(), KDF, rekey_parts()))
+    after = continue_vault(work, rekeyed, A, "rekey-group-8", lambda s: s.commit(GROUP_8), passphrase=new)
+    log1 = log_name(1)
+    oid = [n for n in rekeyed if n.startswith("vectors-")][0][len("vectors-") : -len(".bin")]
+    assert sorted(rekeyed) == sorted(["header.json", "head.bin", log1, "vector-spaces.bin", "recalls.bin", f"vectors-{oid}.bin"])
+    new_vectors = {**vectors, "spaces": [oid]}
+    rec3 = {ID["F"]: 3}
+    case("valid-after-rekey", "valid", "none: key changed (new vault key, every file sealed again under it: log as "
+         "epoch 1, head, sidecar renamed for the new key, space list, recall counters), then a group written",
+         {A: after}, opens(LATEST_A + ["G1", "H1"], log_bytes=len(after[log1]), recalls=rec3, vectors=new_vectors),
+         passphrase=new)
+    case("rekey-old-passphrase", "passphrase", "key changed: the old passphrase no longer opens it",
+         {A: after}, refuses("bad_passphrase", MSG["wrong"]))
+    case("rekey-old-header-put-back", "passphrase",
+         "header.json from before the key change put back: it unwraps the OLD key, which opens no file of the vault",
+         {A: {**after, "header.json": full["header.json"]}}, refuses("vault_corrupt", MSG["head"]))
+    staged = {f"rekey-{n}": b for n, b in rekeyed.items() if n != "header.json"}
+    case("rekey-not-switched", "valid", "none: a key change interrupted before its switch (rekey-* files staged, "
+         "header.json not replaced): the old passphrase opens the vault as it was, the staged files are removed",
+         {A: {**full, **staged}}, opens(log_bytes=L, recalls=rec3, vectors=vectors, remove=tuple(staged)))
+    old_vec = [n for n in full if n.startswith("vectors-")][0]
+    case("rekey-switched-not-finished", "valid", "none: a key change interrupted right after its switch (header.json "
+         "wraps the new key, every other file still the old one's or staged): unlock finishes it",
+         {A: {**full, **staged, "header.json": rekeyed["header.json"]}},
+         opens(log_bytes=len(rekeyed[log1]), recalls=rec3, add=(log1, f"vectors-{oid}.bin"),
+               remove=(*staged, log_name(0), old_vec)),
+         passphrase=new)
+    half = {n: b for n, b in full.items() if n in ("header.json", "head.bin", log_name(0))}
+    half.update({"header.json": rekeyed["header.json"], log1: rekeyed[log1]})
+    half.update({k: v for k, v in staged.items() if k != f"rekey-{log1}"})
+    case("rekey-switched-half-moved", "valid", "none: a key change interrupted after its switch, the old derived files "
+         "removed and the new log moved into place, the rest still staged: unlock finishes it",
+         {A: half}, opens(log_bytes=len(rekeyed[log1]), recalls=rec3,
+                          add=tuple(n[len("rekey-"):] for n in half if n.startswith("rekey-")),
+                          remove=(*(n for n in half if n.startswith("rekey-")), log_name(0))),
+         passphrase=new)
 
 
 def _header_cases(hdr: bytes, hdr_b: bytes, one: OneFn) -> None:
