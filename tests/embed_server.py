@@ -52,7 +52,7 @@ class EmbeddingService:
                     marker = outer.hold
                 if marker is not None and any(marker in t for t in inputs):
                     outer.held.set()
-                    outer.release.wait(30)
+                    outer.release.wait(55)  # under the daemon's 60 s HTTP timeout: a test releases it sooner
                 body = json.dumps(
                     {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": bag_vector(t, outer.dims)} for i, t in enumerate(inputs)]}
                 ).encode()

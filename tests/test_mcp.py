@@ -64,7 +64,7 @@ class GenServer:
                 gen.bodies.append(body)
                 if HOLD in body:
                     gen.held.set()
-                    gen.release.wait(20)
+                    gen.release.wait(120)
                     gen.answered_late.append(True)
                 content = json.dumps({"answer": "The keeper feeds the zebra every morning [S1].", "citations": ["S1"]})
                 data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
@@ -278,16 +278,16 @@ def test_revoke_and_expiry_apply_on_the_next_call_and_cancel_a_held_ask(env: Env
 
         async def go(s: ClientSession) -> None:
             results[key + "_first"] = await call(s, "memory_search", query="zebra")
-            t0 = time.monotonic()
             async with anyio.create_task_group() as tg:
 
                 async def ask() -> None:
                     results[key + "_ask"] = await call(s, "memory_ask", question=f"{HOLD} who feeds the zebra?")
 
                 tg.start_soon(ask)
-                await anyio.to_thread.run_sync(env.gen.held.wait, 10)
+                assert await anyio.to_thread.run_sync(env.gen.held.wait, 60)
                 await anyio.to_thread.run_sync(cancel)
-            results[key + "_ask_seconds"] = time.monotonic() - t0
+            # The ask ended while the service still held its answer (cancelled, not waiting for it).
+            results[key + "_answered_first"] = len(env.gen.answered_late) > late_before
             env.gen.release.set()  # the service answers now: too late
             await anyio.to_thread.run_sync(lambda: _wait_for(lambda: len(env.gen.answered_late) > late_before))
             results[key + "_next"] = await call(s, "memory_search", query="zebra")
@@ -297,16 +297,16 @@ def test_revoke_and_expiry_apply_on_the_next_call_and_cancel_a_held_ask(env: Env
     revocable = grant(env, scopes=["search", "ask"])
     session_for(revocable, lambda: env.d.call("grant.revoke", {"grant_id": revocable["grant_id"]}), "revoke")
     # Long enough to spawn the server and start the ask on a loaded machine; it expires mid-ask.
-    expiring = grant(env, scopes=["search", "ask"], ttl_seconds=8)
+    expiring = grant(env, scopes=["search", "ask"], ttl_seconds=20)
     session_for(expiring, lambda: time.sleep(max(0.0, expiring["expires"] - time.time()) + 0.1), "expire")
     for key, code in (("revoke", "grant_invalid"), ("expire", "grant_expired")):
         ok(results[key + "_first"])
         assert err(results[key + "_ask"])[0] == code, key
-        assert results[key + "_ask_seconds"] < 15  # cancelled, not waiting 20 s for the held answer
+        assert results[key + "_answered_first"] is False, key  # cancelled, not waiting for the held answer
         assert err(results[key + "_next"])[0] == code
 
 
-def _wait_for(cond: Callable[[], bool], timeout: float = 10) -> None:
+def _wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -384,7 +384,7 @@ def test_the_first_call_after_a_restart_succeeds_although_several_connections_we
                 out["searches"].append(await call(s, "memory_search", query="lighthouse"))
 
             tg.start_soon(ask)
-            await anyio.to_thread.run_sync(env.gen.held.wait, 10)
+            assert await anyio.to_thread.run_sync(env.gen.held.wait, 60)
             # The held ask keeps one connection busy: these calls, side by side with it, need others.
             async with anyio.create_task_group() as searches:
                 for _ in range(4):
