@@ -6,7 +6,7 @@ and shutdown close it in one order (see :mod:`memoriesd.vault.live`), so nothing
 the key.
 
 Per vault, one *gate* (an exclusive lock) serialises what opens, closes or re-keys it: unlock
-(which runs crash recovery while nothing else has the vault open), lock, passwd and delete. A
+(which runs crash recovery while nothing else has the vault open), lock, passwd, rekey and delete. A
 wrong passphrase slows the next attempt on that vault; the attempts queue behind the gate, so
 parallel guesses wait one after another, and the count survives a daemon restart.
 """

@@ -1,4 +1,4 @@
-"""An unlocked vault: records in memory, durable sealed writes, compaction, re-wrap.
+"""An unlocked vault: records in memory, durable sealed writes, compaction, re-wrap, key change.
 
 A :class:`VaultStore` exists only while a vault is unlocked. Every write is a *batch*: its
 entries are appended and fsynced, then the sealed head is replaced atomically; only then is the
@@ -8,6 +8,8 @@ just deleted: complete groups (a crash after the log fsync, or an older head.bin
 rolled forward under a new head, and an incomplete group's bytes (or a log of a newer epoch than
 the head's) are moved to a ``preserved-*`` file. When the disk fails a write after the point where its outcome is certain, the callers get
 ``io_error`` and the store refuses further writes until the vault is locked and unlocked.
+A key change (:meth:`VaultStore.rekey`) stages every file under the new key as ``rekey-*``, then
+switches by replacing ``header.json``; unlock finishes or removes an interrupted one.
 """
 
 from __future__ import annotations
