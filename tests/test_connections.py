@@ -87,7 +87,7 @@ def _hold(d: Daemon, n: int) -> tuple[list[socket.socket], int]:
     close is seen by the daemon a moment later, e.g. the start-up probe's)."""
     held: list[socket.socket] = []
     refused = 0
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while len(held) < n:
         s = _connect(d)
         try:
@@ -173,7 +173,7 @@ def test_a_connection_over_max_connections_gets_busy_and_is_closed() -> None:
             # The held connections keep working, and a freed slot is usable again.
             assert "result" in _status(held[0], 2)
             held.pop().close()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while True:
                 s = _connect(d)
                 reply = _status(s)
@@ -203,24 +203,23 @@ def test_the_connection_limit_is_capped_below_a_lowered_open_file_limit() -> Non
     try:
         for _ in range(400):
             socks.append(_connect(d))
-        # Every connection is either served (silent, open) or refused with one busy frame and closed.
+        # Every connection is either served (it answers a request) or refused with one busy frame and
+        # closed: ask each, whatever the order and speed in which the daemon accepts them.
         refused, served = 0, []
-        deadline = time.monotonic() + 20
-        pending = list(socks)
-        while pending and time.monotonic() < deadline:
-            ready, _, _ = select.select(pending, [], [], 1.0)
-            if not ready:
-                break  # the rest are served and idle
-            for s in ready:
-                msg = _frame(s)
+        for s in socks:
+            with contextlib.suppress(OSError):  # refused and closed already: its busy frame is still there to read
+                s.sendall(protocol.encode({"id": 1, "method": "daemon.status", "params": {}}))
+            msg = _frame(s, 60)
+            if "error" in msg:
                 assert msg["error"]["code"] == "busy", msg
                 refused += 1
-                pending.remove(s)
-        served = pending
+            else:
+                assert "result" in msg, msg
+                served.append(s)
         assert refused >= 400 - 256, refused
         assert 16 <= len(served) < 256 - 16, len(served)
         for s in served[:5]:
-            assert "result" in _status(s)
+            assert "result" in _status(s, 2)
         # While full, a new client is refused clearly (never left hanging).
         extra = _connect(d)
         _expect_busy(extra)
@@ -228,7 +227,7 @@ def test_the_connection_limit_is_capped_below_a_lowered_open_file_limit() -> Non
         for s in socks:
             s.close()
         socks.clear()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             s = _connect(d)
             reply = _status(s)
@@ -263,7 +262,7 @@ def test_idle_connections_are_closed_but_not_while_a_request_runs() -> None:
             started = time.monotonic()
             # A 2.5 s unlock (the delay earned by the wrong passphrase) outlives the 1 s idle timeout.
             busy.sendall(protocol.encode({"id": 7, "method": "vault.unlock", "params": {"vault": vid, "passphrase": "correct horse"}}))
-            assert _closed_by_peer(idle, 8), "an idle connection was never closed"
+            assert _closed_by_peer(idle, 60), "an idle connection was never closed"
             assert time.monotonic() - started >= 0.9
             while True:
                 msg = _frame(busy)
@@ -319,10 +318,12 @@ def test_pipelined_unread_requests_keep_the_daemon_bounded_and_the_reader_is_cut
             finally:
                 other.close()
             # A client that does not read its replies is cut off after the write timeout (3 s): reading
-            # before then would unblock the daemon, so read only afterwards.
-            time.sleep(3.5)
-            assert _closed_by_peer(s, 20), "the non-reading client was never cut off"
-            assert "cut off a client" in d.log_text()
+            # before then would unblock the daemon, so read only once the daemon says it cut one off.
+            deadline = time.monotonic() + 60
+            while "cut off a client" not in d.log_text():
+                assert time.monotonic() < deadline, "the non-reading client was never cut off"
+                time.sleep(0.1)
+            assert _closed_by_peer(s, 60), "the non-reading client was never cut off"
         finally:
             s.close()
         assert d.call("daemon.status")["pid"] == pid
@@ -497,24 +498,21 @@ def test_the_cli_gives_up_on_a_stopped_daemon_with_daemon_unreachable() -> None:
         pid = _pid(d)
         os.kill(pid, signal.SIGSTOP)
         try:
-            started = time.monotonic()
-            r = run_cli(d.home, "daemon", "status", env={"MEMORIES_CLIENT_TIMEOUT": "2"}, timeout=40)
-            took = time.monotonic() - started
+            r = run_cli(d.home, "daemon", "status", env={"MEMORIES_CLIENT_TIMEOUT": "2"}, timeout=120)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert r.returncode == EXIT_UNREACHABLE, (r.returncode, r.stderr)
         assert r.stderr.startswith("error[daemon_unreachable]:") and r.stderr.count("\n") == 1, r.stderr
-        assert "2 s" in r.stderr and "memoriesd" in r.stderr
-        assert took < 30, took
+        assert "2 s" in r.stderr and "memoriesd" in r.stderr  # it gave up by its own timeout
         assert d.call("daemon.status")["pid"] == pid
 
 
 def test_long_requests_send_keepalives_and_the_cli_ignores_them() -> None:
-    with _daemon("keepalive_seconds = 0.2", unlock_delay_ms=2000) as d:
+    with _daemon("keepalive_seconds = 0.2", unlock_delay_ms=4000) as d:
         vid = create_vault(d)
         d.call("vault.lock", {"vault": vid})
         assert "error" in d.request("vault.unlock", {"vault": vid, "passphrase": "wrong"})
-        # Raw: the 2 s unlock sends keep-alive progress frames, then its answer.
+        # Raw: the 4 s unlock sends keep-alive progress frames, then its answer.
         s = _connect(d)
         try:
             s.sendall(protocol.encode({"id": 9, "method": "vault.unlock", "params": {"vault": vid, "passphrase": "wrong again"}}))
@@ -526,12 +524,13 @@ def test_long_requests_send_keepalives_and_the_cli_ignores_them() -> None:
                 assert msg == {"id": 9, "progress": {"keepalive": True}}, msg
                 keepalives += 1
             assert msg["error"]["code"] == "bad_passphrase"
-            assert keepalives >= 4, keepalives
+            assert keepalives >= 2, keepalives  # every 0.2 s: more than one in 4 s however loaded the machine
         finally:
             s.close()
-        # The CLI waits through a request longer than its silence timeout and prints nothing extra.
+        # The CLI waits through a request (4 s) longer than its silence timeout (2 s, ten keep-alive
+        # intervals) and prints nothing extra.
         r = run_cli(
-            d.home, "vault", "unlock", vid, "--passphrase-stdin", input="correct horse\n", env={"MEMORIES_CLIENT_TIMEOUT": "0.8"}
+            d.home, "vault", "unlock", vid, "--passphrase-stdin", input="correct horse\n", env={"MEMORIES_CLIENT_TIMEOUT": "2"}
         )
         assert r.returncode == 0, r.stderr
         assert "keepalive" not in r.stdout + r.stderr
