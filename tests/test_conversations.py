@@ -347,7 +347,7 @@ def test_lock_and_unlock_restore_conversation_fragments_from_the_snapshot() -> N
         d.call("vault.lock", {"vault": vid})
         assert (d.home / "vaults" / vid / "lexical-index.bin").exists()  # written at lock
         d.call("vault.unlock", {"vault": vid, "passphrase": PASS})
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while "lexical index restored from its sealed snapshot" not in d.log_text():
             assert time.monotonic() < deadline, "the snapshot was not restored"
             time.sleep(0.05)

@@ -172,7 +172,7 @@ def _check_open(d: Daemon, c: dict[str, Any], log_from: int) -> list[str]:
             problems.append(f"recalls {facts}, expected {exp['recalls']}")
     if "snapshot" in exp:
         d.call("rag.search", {"vault": vid, "query": "lantern", "mode": "bm25"})
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         outcome = _snapshot_outcome(d, log_from)
         while outcome is None and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -98,7 +98,7 @@ def rejected_lines(d: Daemon) -> list[str]:
     return re.findall(r"lexical snapshot not used \(([^)]*)\)", d.log_text())
 
 
-def wait_for(predicate: Any, timeout: float = 15.0) -> None:
+def wait_for(predicate: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -120,7 +120,7 @@ def open_snapshot(d: Daemon, vid: str, *, key: bytes | None = None) -> Any:
 def test_snapshot_is_written_after_a_build_and_used_after_a_restart(vault_daemon: tuple[Daemon, str]) -> None:
     d, vid = vault_daemon
     before = results(d, vid)  # the first lexical query builds the index
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while not snap(d, vid).exists() and time.monotonic() < deadline:  # the background writer, once settled
         time.sleep(0.2)
     assert snap(d, vid).exists()
@@ -265,11 +265,4 @@ def test_compaction_rewrites_the_snapshot_without_deleted_rows() -> None:
         relock(d, vid)
         assert results(d, vid) == expected
         assert restored_lines(d)[-1] == "42 fragments, 0 records caught up, 0 removed"
-        # Compacted while its index is not loaded (evicted by another vault's): the old snapshot is
-        # removed, and the next unlock rebuilds.
-        other = create_vault(d, "other", passphrase=PASS)
-        d.call("memory.add", {"vault": other, "title": "river", "body": "river lantern"})
-        d.call("rag.search", {"vault": other, "query": "river", "mode": "bm25"})
-        assert d.call("vault.compact", {"vault": vid})["lexical_snapshot"] == "removed"
-        assert not snap(d, vid).exists()
-        assert results(d, vid) == expected
+        # (A vault's process holds its own index only: no other vault can evict it before a compaction.)

@@ -155,14 +155,14 @@ def _queued_while_locked(
     with s.lock:
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while len(s._queue) < len(batches) and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(s._queue) == len(batches)
         if then is not None:
             then()
     for t in threads:
-        t.join(10)
+        t.join(60)
     return results
 
 
