@@ -31,6 +31,7 @@ from memoriesd.errors import (
     RedirectRefused,
     UrlRefused,
 )
+from memoriesd.net.client import MAX_RETRY_AFTER_SECONDS
 from memoriesd.net.download import redirect_target
 from tests.conftest import needs_shared
 from tests.servers import ConnectProxy, LoopbackCA, Mirror, Scripted, make_test_ca
@@ -290,10 +291,8 @@ def test_stale_part_with_bad_bytes_is_restarted_once(tmp_path: Path, manifest: M
 
 def test_per_file_budget_stops_a_trickling_server(tmp_path: Path, manifest: Manifest, mirror: Mirror) -> None:
     mirror.add("/m/onnx/model.onnx_data", Scripted(trickle=(2000, 0.05)))
-    started = time.monotonic()
-    with pytest.raises(HttpTimeout, match="download_timeout_seconds"):
+    with pytest.raises(HttpTimeout, match="download_timeout_seconds"):  # the budget ended it, not the file's end
         _install(manifest, tmp_path / "model", mirror.url + "/m", download_timeout_seconds=0.6)
-    assert time.monotonic() - started < 3
     assert not (tmp_path / "model" / "onnx" / "model.onnx_data").exists()
 
 
@@ -370,13 +369,15 @@ def test_cancel_interrupts_a_long_retry_after_wait(tmp_path: Path, manifest: Man
     mirror.add("/m/onnx/model.onnx", Scripted(status=503, headers={"Retry-After": "30"}))
     started = time.monotonic()
 
-    def cancel() -> None:
-        if time.monotonic() - started > 0.3:
+    def cancel() -> None:  # the user's Ctrl-C, once the 503 came: during the wait it asks for
+        if mirror.seen("/m/onnx/model.onnx"):
             raise Cancelled("model-install was cancelled")
 
     with pytest.raises(Cancelled):
         _install(manifest, tmp_path / "model", mirror.url + "/m", cancel=cancel, download_timeout_seconds=120)
-    assert time.monotonic() - started < 2
+    # Interrupted: waiting out the 30 s (MAX_RETRY_AFTER_SECONDS caps it there) would take at least that.
+    assert time.monotonic() - started < MAX_RETRY_AFTER_SECONDS
+    assert len(mirror.seen("/m/onnx/model.onnx")) == 1
 
 
 def test_a_second_concurrent_install_is_refused(tmp_path: Path, manifest: Manifest, mirror: Mirror) -> None:
