@@ -1,6 +1,10 @@
-"""An in-memory keyring backend for tests (priority -1: never chosen as a default)."""
+"""Keyring backends for tests (priority -1: never chosen as a default)."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 from keyring.backend import KeyringBackend
 
@@ -20,3 +24,30 @@ class MemoryKeyring(KeyringBackend):
 
     def delete_password(self, service: str, username: str) -> None:
         self._store.pop((service, username), None)
+
+
+class FileKeyring(KeyringBackend):
+    """A keyring that outlives the process, as the OS keyring does: JSON in the file named by
+    ``$MEMORIES_TEST_KEYRING`` (each unlocked vault runs in a process of its own)."""
+
+    priority = -1  # type: ignore[assignment]
+
+    def _path(self) -> Path:
+        return Path(os.environ["MEMORIES_TEST_KEYRING"])
+
+    def _load(self) -> dict[str, str]:
+        p = self._path()
+        return dict(json.loads(p.read_text())) if p.exists() else {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self._load().get(f"{service}\0{username}")
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        data = self._load()
+        data[f"{service}\0{username}"] = password
+        self._path().write_text(json.dumps(data))
+
+    def delete_password(self, service: str, username: str) -> None:
+        data = self._load()
+        data.pop(f"{service}\0{username}", None)
+        self._path().write_text(json.dumps(data))

@@ -119,7 +119,8 @@ def test_remember_without_keyring_says_so_and_vault_still_works(daemon: Daemon) 
 
 
 def test_remember_with_in_memory_keyring_unlocks_without_passphrase(home: Path) -> None:
-    env = {"PYTHON_KEYRING_BACKEND": "tests.memkeyring.MemoryKeyring", "PYTHONPATH": str(REPO)}
+    env = {"PYTHON_KEYRING_BACKEND": "tests.memkeyring.FileKeyring", "PYTHONPATH": str(REPO),
+           "MEMORIES_TEST_KEYRING": str(home.parent / "keyring.json")}
     d = Daemon(home, env=env).start()
     try:
         r = run_cli(home, "vault", "create", "k", "--passphrase-stdin", "--remember", input="pw\n")

@@ -257,7 +257,7 @@ def test_idle_connections_are_closed_but_not_while_a_request_runs() -> None:
         d.call("vault.lock", {"vault": vid})
         assert "error" in d.request("vault.unlock", {"vault": vid, "passphrase": "wrong"})
         idle = _connect(d)
-        busy = _connect(d)
+        busy = d.connect_for("vault.unlock", {"vault": vid})  # the vault's own process (started for it)
         try:
             started = time.monotonic()
             # A 2.5 s unlock (the delay earned by the wrong passphrase) outlives the 1 s idle timeout.
@@ -513,7 +513,7 @@ def test_long_requests_send_keepalives_and_the_cli_ignores_them() -> None:
         d.call("vault.lock", {"vault": vid})
         assert "error" in d.request("vault.unlock", {"vault": vid, "passphrase": "wrong"})
         # Raw: the 4 s unlock sends keep-alive progress frames, then its answer.
-        s = _connect(d)
+        s = d.connect_for("vault.unlock", {"vault": vid})
         try:
             s.sendall(protocol.encode({"id": 9, "method": "vault.unlock", "params": {"vault": vid, "passphrase": "wrong again"}}))
             keepalives = 0

@@ -349,12 +349,13 @@ def test_a_locked_vault_answers_the_locked_error_and_a_daemon_restart_is_survive
 
 
 def _daemon_connections(d: Daemon) -> int:
-    """Open connections to the daemon's socket (Linux: accepted sockets carry the listener's path)."""
-    path = str(d.socket_path)
+    """Open connections to the daemon's sockets, its vault processes' included (Linux: accepted
+    sockets carry the listener's path)."""
+    run = str(d.socket_path.parent) + "/"
     n = 0
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 8 and fields[7] == path and fields[5] == "03":  # 03: connected
+        if len(fields) >= 8 and fields[7].startswith(run) and fields[5] == "03":  # 03: connected
             n += 1
     return n
 

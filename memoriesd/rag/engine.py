@@ -200,7 +200,8 @@ class RagEngine:
                 )
                 self._local_dir = d
                 self._local_stamp = self._model_stamp()
-                log.info("local embedding model loaded in %.2f s (%d dims)", time.perf_counter() - t0, self._local.dimensions)
+                if self.local_factory is None:  # the model process logs its own load
+                    log.info("local embedding model loaded in %.2f s (%d dims)", time.perf_counter() - t0, self._local.dimensions)
                 self._start_idle_watch()
             self._local_used = time.monotonic()
             return self._local
@@ -241,7 +242,8 @@ class RagEngine:
             finally:
                 self._embed_lock.release()
         _return_memory()
-        log.info("local embedding model released (unused for %.1f minutes)", minutes)
+        if self.local_factory is None:  # the model process logs its own end
+            log.info("local embedding model released (unused for %.1f minutes)", minutes)
         return True
 
     def close(self) -> None:

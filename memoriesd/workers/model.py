@@ -103,8 +103,8 @@ class ModelServer:
                     self.busy += 1
                 try:
                     reply: dict[str, Any] = {"id": msg.get("id"), "result": self.answer(str(msg.get("method")), msg.get("params") or {})}
-                except MemoriesError as exc:
-                    reply = {"id": msg.get("id"), "error": exc.to_dict()}
+                except MemoriesError as exc:  # the class travels too: one bad input is ModelInputFailed, not the batch's end
+                    reply = {"id": msg.get("id"), "error": {**exc.to_dict(), "class": type(exc).__name__}}
                 except Exception:  # noqa: BLE001 - one request's failure is never the process's
                     log.exception("model request failed")
                     reply = {"id": msg.get("id"), "error": {"code": "internal", "message": "the model process failed: see the daemon log"}}

@@ -28,11 +28,13 @@ ROUTE_SECONDS = 300.0
 
 
 def _error_classes() -> dict[str, type[MemoriesError]]:
+    """Every error class by name and by code (a code names its first class)."""
     out: dict[str, type[MemoriesError]] = {}
     todo: list[type[MemoriesError]] = [MemoriesError]
     while todo:
-        cls = todo.pop()
+        cls = todo.pop(0)
         todo.extend(cls.__subclasses__())
+        out[cls.__name__] = cls
         code = getattr(cls, "code", None)
         if isinstance(code, str):
             out.setdefault(code, cls)
@@ -40,10 +42,11 @@ def _error_classes() -> dict[str, type[MemoriesError]]:
 
 
 def raise_error(err: Any) -> None:
-    """Re-raise an error frame as the class its code names (``model_input_failed`` stays one)."""
+    """Re-raise an error frame as the class it names (``ModelInputFailed`` stays one), else its code's."""
     err = err if isinstance(err, dict) else {}
     code = str(err.get("code", "internal"))
-    cls = _error_classes().get(code, MemoriesError)
+    classes = _error_classes()
+    cls = classes.get(str(err.get("class")), classes.get(code, MemoriesError))
     exc = cls(str(err.get("message", "unknown error")))
     exc.code = code
     raise exc

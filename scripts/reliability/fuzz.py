@@ -157,7 +157,7 @@ class Fuzzer:
     """The daemon, its vaults and the counters of one run."""
 
     def __init__(self, daemon_config: str = "") -> None:
-        """``daemon_config``: more ``[daemon]`` lines, e.g. ``vault_process = true``."""
+        """``daemon_config``: more ``[daemon]`` lines, e.g. ``auto_lock_minutes = 1``."""
         self.d = LiveDaemon(new_home(CHEAP + "\n[daemon]\nidle_timeout_seconds = 30\n" + daemon_config)).start()
         self.vault = self.d.call("vault.create", {"name": "fuzz", "passphrase": PASS})["vault_id"]
         self.keep = self.d.call("vault.create", {"name": "keep", "passphrase": PASS})["vault_id"]
@@ -168,7 +168,8 @@ class Fuzzer:
         self.stats: dict[str, Any] = {
             "cases": 0, "frames_sent_bytes": 0, "replies": 0, "answered_error": 0, "answered_result": 0,
             "closed_cleanly": 0, "hangs": 0, "crashes": 0, "internal_errors": 0, "bad_replies": 0,
-            "acknowledged_records_lost": 0, "well_behaved_checks": 0, "failures": [],
+            "acknowledged_records_lost": 0, "well_behaved_checks": 0, "to_vault_process": 0, "to_router": 0,
+            "failures": [],
         }
         self._log_size = 0
 
@@ -181,7 +182,14 @@ class Fuzzer:
         st_ = self.stats
         st_["cases"] += 1
         st_["frames_sent_bytes"] += len(f.data)
-        s = self.d.connect()
+        # Every other case goes to the fuzzed vault's own process (where its content is served), the
+        # rest to the daemon's socket (the router); a vault a case locked answers on the router's.
+        try:
+            s = self.d.connect(self.vault if st_["cases"] % 2 else None)
+            st_["to_vault_process" if st_["cases"] % 2 else "to_router"] += 1
+        except OSError:
+            s = self.d.connect()
+            st_["to_router"] += 1
         replies: list[dict[str, Any]] = []
         def send() -> None:
             try:
@@ -246,6 +254,9 @@ class Fuzzer:
             self.fail(f"vault keep lost its record: {dict(r)}")
         log = self.d.log_text()
         fresh, self._log_size = log[self._log_size :], len(log)
+        if "ended unexpectedly" in fresh:  # a vault's process died (the router logs it)
+            self.stats["crashes"] += fresh.count("ended unexpectedly")
+            self.fail("a vault process died: " + fresh[fresh.index("ended unexpectedly") - 200 :][:400])
         if "Traceback" in fresh:
             self.stats["internal_errors"] += 1
             self.fail("the daemon logged a traceback: " + fresh[fresh.index("Traceback") :][:600])

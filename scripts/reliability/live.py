@@ -12,13 +12,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from memoriesd.server import protocol
+from memoriesd.workers.process import child_command
+from memoriesd.workers.routes import ENDING, route_request
 
 REPO = Path(__file__).resolve().parents[2]
 #: Cheap Argon2id parameters for the vaults where the KDF is not what is tested.
@@ -40,6 +41,8 @@ unlock_delay_max_ms = 20
 [rag]
 background_index = false
 """
+#: Requests sent again when the vault's process ended under them (as the CLI: harmless twice).
+RESEND = frozenset({"vault.unlock", "vault.status"})
 #: Seconds of silence (keep-alive frames aside) after which a request counts as hung.
 HANG_SECONDS = 60.0
 
@@ -102,7 +105,7 @@ class LiveDaemon:
         env = dict(os.environ, ORT_DISABLE_TELEMETRY="1")
         env.pop("MEMORIES_GRANT", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(self.home)],
+            child_command("memoriesd.server.daemon", "--home", str(self.home)),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(REPO),
         )
         self.starts += 1
@@ -122,16 +125,37 @@ class LiveDaemon:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def sample_rss(self) -> int:
-        """The daemon's peak resident set so far (VmHWM, KiB); kept as the engine's peak."""
+    def processes(self) -> list[int]:
+        """The daemon and every live process below it (vault processes, the spare, the model), parents first."""
         if self.proc is None:
-            return self.peak_rss_kib
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    self.peak_rss_kib = max(self.peak_rss_kib, int(line.split()[1]))
-        except (OSError, ValueError):
-            pass
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                if fields[0] != "Z":
+                    children.setdefault(int(fields[1]), []).append(int(entry.name))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop(0)
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    def sample_rss(self) -> int:
+        """The peak resident set so far (VmHWM, KiB) summed over the daemon's processes; kept as the engine's peak."""
+        total = 0
+        for pid in self.processes():
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+        self.peak_rss_kib = max(self.peak_rss_kib, total)
         return self.peak_rss_kib
 
     def stop(self) -> int | None:
@@ -157,6 +181,11 @@ class LiveDaemon:
         self.sample_rss()
         if self.proc.poll() is not None:
             self.crashes += 1  # it was already gone
+        for pid in reversed(self.processes()[1:]):  # a power cut: the vault processes die with it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.proc = None
@@ -168,21 +197,66 @@ class LiveDaemon:
             self.stop()
         self.start()
 
-    def connect(self) -> socket.socket:
+    def _raw(self, path: str | Path | None = None) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(10)
-        s.connect(str(self.socket_path))
+        try:
+            s.connect(str(path or self.socket_path))
+        except OSError:
+            s.close()
+            raise
         return s
 
+    def route(self, method: str, params: dict[str, Any] | None) -> tuple[str | None, Reply | None]:
+        """The socket of the process that serves ``method`` (None: the daemon's own), as the CLI asks
+        (``vault.route``); or the route's error for a locked vault."""
+        ask = route_request(method, params or {})
+        if ask is None:
+            return None, None
+        with self._raw() as s:
+            s.sendall(protocol.encode({"id": 1, "method": "vault.route", "params": ask}))
+            r = read_until_reply(s)
+        route = r.result
+        if not isinstance(route, dict):
+            return None, r
+        if route.get("socket"):
+            return str(route["socket"]), None
+        if isinstance(route.get("error"), dict):
+            return None, Reply({"id": 1, "error": route["error"]})
+        return None, None
+
+    def connect(self, vault: str | None = None) -> socket.socket:
+        """A connection to the process serving ``vault`` (the daemon's own socket when None or locked)."""
+        path = self.route("vault.status", {"vault": vault})[0] if vault else None
+        return self._raw(path)
+
     def request(self, method: str, params: dict[str, Any] | None = None, sock: socket.socket | None = None) -> Reply:
-        own = sock is None
-        s = sock or self.connect()
-        try:
-            s.sendall(protocol.encode({"id": 1, "method": method, "params": params or {}}))
-            return read_until_reply(s)
-        finally:
-            if own:
-                s.close()
+        if sock is not None:
+            sock.sendall(protocol.encode({"id": 1, "method": method, "params": params or {}}))
+            return read_until_reply(sock)
+        r = Reply()
+        for attempt in range(6):  # a vault's process that is ending (just locked) refused: ask again
+            path, err = self.route(method, params)
+            if err is not None:
+                return err
+            try:
+                s = self._raw(path)
+            except (FileNotFoundError, ConnectionRefusedError):  # it ended since the route: nothing was sent
+                if attempt == 5:
+                    raise
+                r = Reply({"error": {"code": ENDING}})
+            else:
+                with s:
+                    try:
+                        r = self.request(method, params, sock=s)
+                    except (ConnectionResetError, BrokenPipeError, ConnectionError):
+                        # The vault's process ended under the request (its vault locked), as the CLI reports it.
+                        r = Reply({"id": 1, "error": {"code": ENDING if method in RESEND else "vault_locked",
+                                                      "message": "the vault's process ended during the request"}})
+            if r.code != ENDING:
+                return r
+            time.sleep(0.05 * (attempt + 1))
+        return r
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         r = self.request(method, params)

@@ -423,7 +423,7 @@ class Machine(RuleBasedStateMachine):
             return
         v.grants[r.result["grant_id"]] = r.result["token"]
         for tok in [t for _, t in sorted(v.grants.items())]:
-            s = self.d.connect()
+            s = self.d.connect(v.vid)  # a grant is presented to its vault's process (the MCP server asks vault.route)
             try:
                 self.expect(self.req("session.grant", {"token": tok}, s), None, "present a live grant")
                 mine = [rid for rid in v.of_kind("memory", "fact", "card")]
@@ -438,7 +438,7 @@ class Machine(RuleBasedStateMachine):
             finally:
                 s.close()
         for tok in [t for _, t in sorted(v.revoked.items())]:
-            s = self.d.connect()
+            s = self.d.connect(v.vid)
             try:
                 got = self.req("session.grant", {"token": tok}, s)
                 if got.code is None:
