@@ -311,7 +311,8 @@ def wait_embedded(t: Tree, home: Path, vault: str, timeout: float) -> dict[str, 
 
 def build_memory_home(args: argparse.Namespace, a: Tree, model: Settings, work: Path) -> Path:
     """Two embedded vaults in a home built by A, or the one ``--cache`` kept from an earlier run."""
-    src = args.cache.resolve() / f"{Path(args.model_dir).resolve().name}-{args.fragments}" if args.cache else work / "m0"
+    tag = "-novectors" if args.no_vectors else ""
+    src = args.cache.resolve() / f"{Path(args.model_dir).resolve().name}-{args.fragments}{tag}" if args.cache else work / "m0"
     if (src / "built.json").exists():
         log(f"memory: reusing {src}")
         return src
@@ -328,6 +329,10 @@ def build_memory_home(args: argparse.Namespace, a: Tree, model: Settings, work: 
         a.cli(src, "rag", "ingest", v, str(work / f"mnotes{i}"), "-r")
     for v in VAULTS:
         t0 = time.perf_counter()
+        if args.no_vectors:  # the model still loads (queries); each vault's vectors would add ~dims bytes per fragment
+            st = a.status(src, v)
+            built[v] = {"fragments": st["fragments"], "vectors": 0, "built_by": a.commit}
+            continue
         a.cli(src, "rag", "index", v)
         st = wait_embedded(a, src, v, args.embed_timeout)
         built[v] = {"fragments": st["fragments"], "vectors": st["embedding"]["total"],
@@ -341,7 +346,9 @@ def build_memory_home(args: argparse.Namespace, a: Tree, model: Settings, work: 
 
 
 def memory_bench(args: argparse.Namespace, trees: list[Tree], work: Path) -> dict[str, Any]:
-    model = {"rag": {"local_model_dir": str(Path(args.model_dir).resolve())}}
+    model: Settings = {"rag": {"local_model_dir": str(Path(args.model_dir).resolve())}}
+    if args.no_vectors:
+        model["rag"]["background_index"] = False
     src = build_memory_home(args, trees[0], model, work)
     out: dict[str, Any] = {"model_dir": model["rag"]["local_model_dir"], "vaults": json.loads((src / "built.json").read_text())}
     for t in trees:
@@ -356,8 +363,8 @@ def memory_bench(args: argparse.Namespace, trees: list[Tree], work: Path) -> dic
             t.search(home, v, args.query, "hybrid")
         t0 = time.perf_counter()
         for v in VAULTS:
-            emb = wait_embedded(t, home, v, args.embed_timeout)["embedding"]
-            res.setdefault("vectors", {})[v] = f"{emb['embedded']}/{emb['total']}"
+            emb = (t.status(home, v) if args.no_vectors else wait_embedded(t, home, v, args.embed_timeout))["embedding"]
+            res.setdefault("vectors", {})[v] = f"{emb.get('embedded')}/{emb.get('total')}"
         res["vectors_wait_seconds"] = round(time.perf_counter() - t0, 1)  # ~0: the sealed vectors were reused
         for v in VAULTS:  # again, in case waiting for the vectors reloaded anything
             t.search(home, v, args.query, "hybrid")
@@ -399,6 +406,8 @@ def main() -> None:
                     help="memory part: keep the embedded vaults' home here (per model dir and --fragments) and reuse it")
     ap.add_argument("--embed-timeout", type=float, default=7200, help="seconds to wait for a vault's vectors")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds to wait before reading /proc")
+    ap.add_argument("--no-vectors", action="store_true",
+                    help="memory part: index the fragments but embed none ahead (a model too slow to embed 2 x 10k here)")
     ap.add_argument("--skip-unlock", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()

@@ -322,6 +322,12 @@ class Router:
                 log.warning("the spare vault process did not start: unlocks start their own")
                 self._spare = None
 
+    def _replenish(self) -> None:
+        """A new spare, once the last one's unlock has derived its key (or failed): starting a Python
+        process beside the Argon2id derivation would slow the unlock it was there to speed up."""
+        if not self.closed:
+            threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
+
     def _take_spare(self, vault_id: str, create: bool) -> Worker | None:
         with self._spare_gate:
             spare, self._spare = self._spare, None
@@ -344,7 +350,6 @@ class Router:
             if self.closed:
                 raise Internal("the daemon is stopping: run the command again once it has restarted")
             w = self._take_spare(vault_id, create) or self._start(vault_id, create)
-            threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
             with self._lock:
                 self._workers[vault_id] = w
             log.info("vault %s: served by process %d", vault_id, w.proc.pid)
@@ -361,6 +366,7 @@ class Router:
                 w.bound.set()
             elif word == b"unlocked":
                 w.saw_unlocked = True
+                self._replenish()
             elif word == b"locking":
                 w.acked.set()
             elif word == b"closing":  # its vault is closed for good: route no more requests to it
@@ -373,6 +379,7 @@ class Router:
                 del self._workers[w.vault_id]
         if w.vault_id:  # the model process may hold this vault's text: it goes with the vault
             self.model.recycle(w.vault_id)
+            self._replenish()
         if not w.closing and code not in (0, None) and w.ready.is_set():
             log.warning("vault %s: its process %d ended unexpectedly (status %s): the vault is locked",
                         w.vault_id or "(spare)", w.proc.pid, code)
