@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Reliability report (issue 18): power loss at every sync point, I/O errors at every step, a
-stateful model of any sequence of operations from concurrent clients, and fuzzed socket frames and
-MCP tool arguments, each against the real code (the last three against a real daemon).
+"""Reliability report (issues 18, 27): power loss at every sync point, I/O errors at every step, a
+stateful model of any sequence of operations from concurrent clients, fuzzed socket frames and
+MCP tool arguments, and the process shape (what a locked vault leaves in any live process, what a
+frozen vault process costs), each against the real code (the last four against a real daemon).
 
 Prints one JSON object: per section and scenario, the cases tried, refused, survived,
 acknowledged records lost (must be 0), crashes (must be 0) and peak memory. ``--short`` is what
@@ -33,7 +34,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from reliability import fuzz, fuzz_mcp, io_errors, power_loss, stateful  # noqa: E402
+from reliability import fuzz, fuzz_mcp, io_errors, power_loss, process_shape, stateful  # noqa: E402
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "power_loss": power_loss.run,
@@ -41,12 +42,13 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "stateful": stateful.run,
     "protocol_fuzz": fuzz.run,
     "mcp_fuzz": fuzz_mcp.run,
+    "process_shape": process_shape.run,
 }
 
 #: Keys that must be 0 wherever they appear.
 ZEROS = (
     "acknowledged_records_lost", "crashes", "refused", "failed", "hangs", "internal_errors", "bad_replies",
-    "other_vault_leaks", "records_visible_while_locked",
+    "other_vault_leaks", "records_visible_while_locked", "canary_copies_after_lock",
 )
 
 

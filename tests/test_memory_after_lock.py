@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,77 +27,18 @@ import pytest
 from memories_cli.client import Client
 from memoriesd.home import Home
 
-from .conftest import descendants, running_daemon
+from .conftest import REPO, descendants, running_daemon
 from .tinymodel import make_tiny_model
 
-_MAX_REGION = 1 << 30  # never read more than 1 GiB from one mapping (reserved address space)
-_CHUNK = 16 << 20
-
-
-def count_in_memory(pid: int, needles: dict[str, bytes]) -> dict[str, int]:
-    """Occurrences of each needle in every readable mapping of ``pid``."""
-    counts = dict.fromkeys(needles, 0)
-    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
-
-        def read_at(pos: int, n: int) -> bytes:
-            mem.seek(pos)
-            return mem.read(n)
-
-        for line in maps:
-            fields = line.split()
-            perms, name = fields[1], fields[5] if len(fields) > 5 else ""
-            if not perms.startswith("r") or name in ("[vvar]", "[vsyscall]", "[vdso]"):
-                continue
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            for key, n in count_region(read_at, start, min(end, start + _MAX_REGION), needles).items():
-                counts[key] += n
-    return counts
-
-
-def count_region(read_at: Callable[[int, int], bytes], start: int, end: int, needles: dict[str, bytes],
-                 chunk: int = _CHUNK) -> dict[str, int]:
-    """Occurrences in ``[start, end)`` read in chunks that overlap by the longest needle less one
-    byte: each occurrence is counted in the chunk where it starts, once."""
-    counts = dict.fromkeys(needles, 0)
-    overlap = max(len(n) for n in needles.values()) - 1
-    pos = start
-    while pos < end:
-        n = min(chunk, end - pos)
-        try:
-            buf = read_at(pos, min(n + overlap, end - pos))
-        except OSError:
-            break  # an unreadable mapping (guard pages...)
-        for key, needle in needles.items():
-            # Occurrences lying wholly in the overlap start in the next chunk: counted there.
-            counts[key] += buf.count(needle) - (buf[n:].count(needle) if len(buf) > n else 0)
-        pos += n
-    return counts
-
-
-def _canaries() -> dict[str, str]:
-    tok = secrets.token_hex(6)
-    return {k: f"zq{k}canary{tok}" for k in ("title", "body", "tag", "fact", "card", "query", "passphrase")}
-
-
-def _config(tmp_path: Path, canary: dict[str, str], extra: str = "") -> tuple[str, Path]:
-    model = tmp_path / "model"
-    make_tiny_model(model, seed=3)
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "card.md").write_text(f"# Garden card\n\nThe garden {canary['card']} grows tomatoes and basil.\n")
-    return f'[rag]\nlocal_model_dir = "{model}"\n' + extra, notes / "card.md"
-
-
-def _use_the_vault(call: Callable[[str, dict[str, Any]], Any], vid: str, canary: dict[str, str], card: Path) -> None:
-    """Every kind of plaintext the vault gets: a note, a tag, a fact, an ingested card, queries."""
-    call("vault.unlock", {"vault": vid, "passphrase": f"horse {canary['passphrase']}"})
-    call("memory.add", {"vault": vid, "title": f"Note {canary['title']}", "body": f"cat kitten {canary['body']} fur",
-                        "tags": [canary["tag"]]})
-    call("memory.remember", {"vault": vid, "text": f"The user keeps a cat called {canary['fact']}"})
-    call("rag.ingest", {"vault": vid, "paths": [str(card)]})
-    for mode in ("bm25", "vector", "hybrid"):
-        call("rag.search", {"vault": vid, "query": f"kitten {canary['query']}", "mode": mode})
-    call("memory.search", {"vault": vid, "query": canary["body"]})
+sys.path.insert(0, str(REPO / "scripts"))
+from reliability.process_shape import (  # noqa: E402
+    canaries,
+    count_all,
+    count_in_memory,
+    count_region,
+    notes_with_card,
+    use_the_vault,
+)
 
 
 def _report(figures: dict[str, Any]) -> None:
@@ -106,18 +46,6 @@ def _report(figures: dict[str, Any]) -> None:
     if os.environ.get("MEMORIES_CANARY_REPORT"):
         with open(os.environ["MEMORIES_CANARY_REPORT"], "a") as f:
             f.write(json.dumps(figures) + "\n")
-
-
-def _count_all(pids: list[int], needles: dict[str, bytes]) -> dict[str, int]:
-    total = dict.fromkeys(needles, 0)
-    for pid in pids:
-        try:
-            found = count_in_memory(pid, needles)
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # it ended meanwhile: its memory went with it
-        for k, n in found.items():
-            total[k] += n
-    return total
 
 
 #: Held in the unlocked vault's process by design (records, the index): a scan that misses one is blind.
@@ -131,9 +59,11 @@ def test_after_lock_no_canary_is_left_in_any_live_process_of_the_daemon(tmp_path
     are counted in EVERY live process of the daemon (the router, the other vault's process, the spare,
     the model process). The router holds none even while the vault is unlocked; after lock, none
     anywhere (its process ended, and the model process that embedded its text was ended with it)."""
-    canary = _canaries()
+    canary = canaries()
     needles = {k: v.encode("utf-8") for k, v in canary.items()}
-    config, card = _config(tmp_path, canary)
+    model = tmp_path / "model"
+    make_tiny_model(model, seed=3)
+    config, card = f'[rag]\nlocal_model_dir = "{model}"\n', notes_with_card(tmp_path, canary)
     with running_daemon(config) as d:
         assert d.proc is not None
         router = d.proc.pid
@@ -141,23 +71,23 @@ def test_after_lock_no_canary_is_left_in_any_live_process_of_the_daemon(tmp_path
         vid = client.call("vault.create", {"name": "canaries", "passphrase": f"horse {canary['passphrase']}"})["vault_id"]
         other = client.call("vault.create", {"name": "other", "passphrase": "another one"})["vault_id"]
         client.call("memory.add", {"vault": other, "title": "dogs", "body": "dog puppy leash"})
-        client.call("rag.search", {"vault": other, "query": "puppy", "mode": "hybrid"})
+        client.call("rag.search", {"vault": other, "query": "puppy", "mode": "hybrid", "min_score": -1})
         client.call("vault.lock", {"vault": vid})
-        _use_the_vault(client.call, vid, canary, card)
+        use_the_vault(client.call, vid, canary, card)
         status = client.call("daemon.status")
         model_before = status["model_process"]
         assert model_before is not None, "the vector searches ran in the model process"
-        unlocked = _count_all(descendants(router), needles)
+        unlocked = count_all(descendants(router), needles)
         router_unlocked = count_in_memory(router, needles)
         vault_pid = {w["vault_id"]: w["pid"] for w in status["vault_processes"]}[vid]
         client.call("vault.lock", {"vault": vid})
         assert not Path(f"/proc/{vault_pid}").exists(), "the vault's process outlived its lock"
         assert not Path(f"/proc/{model_before}").exists(), "the model process that embedded the vault's text outlived its lock"
-        after_lock = _count_all(descendants(router), needles)
-        client.call("rag.search", {"vault": other, "query": "leash", "mode": "hybrid"})  # a fresh model process
+        after_lock = count_all(descendants(router), needles)
+        client.call("rag.search", {"vault": other, "query": "leash", "mode": "hybrid", "min_score": -1})  # a fresh model process
         model_after = client.call("daemon.status")["model_process"]
         assert model_after not in (None, model_before)
-        after_other_vault = _count_all(descendants(router), needles)
+        after_other_vault = count_all(descendants(router), needles)
         assert not any(v in d.log_text() for v in canary.values()), "a canary reached the daemon log"
     figures = {"unlocked": unlocked, "router_while_unlocked": router_unlocked, "after_lock": after_lock,
                "after_the_other_vault_searches": after_other_vault}
