@@ -44,6 +44,8 @@ from memoriesd.home import Home  # noqa: E402
 from memoriesd.server import protocol  # noqa: E402
 from memoriesd.workers.routes import ENDING, route_request  # noqa: E402
 
+from .procs import descendants  # noqa: E402
+
 ROUTE_ATTEMPTS = 6
 
 
@@ -201,26 +203,6 @@ class Daemon:
     def log_text(self) -> str:
         p = self.home / "logs" / "memoriesd.log"
         return p.read_text("utf-8", "replace") if p.exists() else ""
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it, parents first (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 class DaemonError(Exception):

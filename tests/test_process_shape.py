@@ -24,15 +24,8 @@ from memoriesd.home import Home
 from memoriesd.workers.process import child_command
 
 from .conftest import CHEAP_CONFIG, REPO, running_daemon, short_tmpdir
+from .procs import alive
 from .tinymodel import make_tiny_model
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def _until(what: str, get: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -68,14 +61,14 @@ def test_an_unlock_is_served_by_the_waiting_spare_and_another_spare_starts_behin
         assert _vault_pids(c)[vid] == spare, "the create did not use the waiting spare"
         second = _until("a new spare", lambda: (p := c.call("daemon.status")["spare_process"]) not in (None, spare) and p)
         c.call("vault.lock", {"vault": vid})
-        assert not _alive(spare)
+        assert not alive(spare)
         c.call("vault.unlock", {"vault": vid, "passphrase": "pw"})
         assert _vault_pids(c)[vid] == second
         assert c.call("vault.status", {"vault": vid})["locked"] is False
         c.call("vault.lock", {"vault": vid})
         assert d.stop() == 0
         for pid in (spare, second):
-            assert not _alive(pid)
+            assert not alive(pid)
 
 
 def test_the_local_model_runs_in_the_model_process_which_a_lock_of_a_vault_it_served_ends(model_home: tuple[Any, Client]) -> None:
@@ -92,13 +85,13 @@ def test_the_local_model_runs_in_the_model_process_which_a_lock_of_a_vault_it_se
     assert c.call("rag.search", {"vault": b, "query": "dog", "mode": "hybrid", "min_score": -1})["results"]
     assert c.call("daemon.status")["model_process"] == model, "one model process serves every vault"
     c.call("vault.lock", {"vault": b})  # b's text went through it (its notes and query): it ends with b's lock
-    assert not _alive(model), "the model process outlived the lock of a vault it embedded for"
+    assert not alive(model), "the model process outlived the lock of a vault it embedded for"
     assert c.call("daemon.status")["model_process"] is None
     assert c.call("rag.search", {"vault": a, "query": "cat", "mode": "vector", "min_score": -1})["results"]  # a fresh one
     fresh = c.call("daemon.status")["model_process"]
     assert fresh not in (None, model)
     c.call("vault.lock", {"all": True})
-    assert not _alive(fresh)
+    assert not alive(fresh)
 
 
 def test_a_killed_model_process_is_started_again_for_the_next_search(model_home: tuple[Any, Client]) -> None:
@@ -145,9 +138,9 @@ def test_a_frozen_vault_process_delays_no_other_vault_and_its_lock_ends_it() -> 
             t0 = time.monotonic()
             assert c.call("vault.lock", {"vault": frozen}) == {"locked": [frozen], "already_locked": []}
             assert time.monotonic() - t0 < 15.0, "the lock of a frozen vault process waited for it"
-            assert not _alive(pid), "the frozen process outlived its lock"
+            assert not alive(pid), "the frozen process outlived its lock"
         finally:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGCONT)
         assert "did not answer the lock" in d.log_text()
         c.call("vault.unlock", {"vault": frozen, "passphrase": "pw"})

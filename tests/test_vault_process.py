@@ -22,19 +22,12 @@ from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
 
 from .conftest import Daemon, run_cli, running_daemon
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+from .procs import alive
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while alive(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)

@@ -20,6 +20,7 @@ from typing import Any
 from memoriesd.server import protocol
 from memoriesd.workers.process import child_command
 from memoriesd.workers.routes import ENDING, route_request
+from tests.procs import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 #: Cheap Argon2id parameters for the vaults where the KDF is not what is tested.
@@ -127,23 +128,7 @@ class LiveDaemon:
 
     def processes(self) -> list[int]:
         """The daemon and every live process below it (vault processes, the spare, the model), parents first."""
-        if self.proc is None:
-            return []
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                if fields[0] != "Z":
-                    children.setdefault(int(fields[1]), []).append(int(entry.name))
-        out, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop(0)
-            out.append(pid)
-            todo.extend(children.get(pid, []))
-        return out
+        return descendants(self.proc.pid) if self.proc is not None else []
 
     def sample_rss(self) -> int:
         """The peak resident set so far (VmHWM, KiB) summed over the daemon's processes; kept as the engine's peak."""
