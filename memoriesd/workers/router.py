@@ -152,7 +152,7 @@ class ModelHost:
             if self.proc is None or self.ended.is_set():
                 self._start()
             self.served.add(vault_id)
-            return {"socket": str(self.socket_path), "pid": self.proc.pid if self.proc else None}
+            return {"socket": str(self.socket_path)}
 
     def _start(self) -> None:
         path = self.router.home.run / f"m{secrets.token_hex(4)}.sock"

@@ -87,6 +87,10 @@ class BoundVaults(VaultManager):
         self._may_create = create
         self._on_register = on_unlock
 
+    def bind(self, vault_id: str, create: bool) -> None:
+        """A spare's manager takes the vault the router gave it."""
+        self.vault_id, self._may_create = vault_id, create
+
     def mine(self, ref: str) -> str:
         vault_id = self.resolve(ref)
         if vault_id != self.vault_id:
@@ -206,8 +210,7 @@ class WorkerRole:
 
     def bind(self, vault_id: str, create: bool) -> None:
         """A spare becomes the process of ``vault_id``."""
-        vaults = self.app.vaults
-        vaults.vault_id, vaults._may_create = vault_id, create
+        self.app.vaults.bind(vault_id, create)
         self.vault_id = vault_id
         self.started = time.monotonic()
         for h in logging.getLogger().handlers:
