@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -187,3 +189,22 @@ def test_no_process_of_the_product_imports_a_memoriesd_folder_from_the_working_d
         cli("daemon", "stop")
     assert not mark.exists(), f"a process imported code from the working directory: {mark.read_text()}"
     assert (REPO / "memoriesd").is_dir()
+
+
+def test_a_request_still_under_way_in_the_model_process_holds_up_no_other_vaults_query(model_home: tuple[Any, Client]) -> None:
+    """The model process serves each connection on its own thread: one vault's request that is
+    still arriving (or running) never makes another vault's query wait for it."""
+    d, c = model_home
+    a = c.call("vault.create", {"name": "echo", "passphrase": "pw"})["vault_id"]
+    b = c.call("vault.create", {"name": "foxtrot", "passphrase": "pw"})["vault_id"]
+    c.call("memory.add", {"vault": b, "title": "pets", "body": "the cat sleeps"})
+    path = c.call("model.route", {"vault": a})["socket"]  # what a's process would be told
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(path)
+    try:
+        stalled.sendall(struct.pack(">I", 1 << 20) + b'{"id": 1, "method": "model.embed", "params": {"kind": "document", ')
+        hits = c.call("rag.search", {"vault": b, "query": "cat", "mode": "vector", "min_score": -1})["results"]
+        assert hits, "b's query was answered while a's request was still under way"
+    finally:
+        stalled.close()
+    c.call("vault.lock", {"all": True})
