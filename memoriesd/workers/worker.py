@@ -56,6 +56,10 @@ log = logging.getLogger("memoriesd.workers")
 UNUSED_SECONDS = 30.0
 #: How often the worker checks whether it still has a reason to live.
 CHECK_SECONDS = 0.05
+#: Ending by itself (nothing unlocked), it answers what is still arriving for up to this long...
+CLOSING_GRACE_SECONDS = 2.0
+#: ...and ends once no connection has been open for this long.
+QUIET_SECONDS = 0.1
 #: Router methods a worker answers too (nothing vault-wide that only the router knows).
 WORKER_ALSO = frozenset({"daemon.status", "rag.watch_reload", "rag.model_install"})
 
@@ -254,7 +258,25 @@ class WorkerRole:
                 self.ending = True  # checked with the in-flight count: no request can open the vault again
             # The router starts another process for this vault only once this one has exited.
             self.say("closing")
+            await self._drain_arrivals(server)
             server.stopping.set()  # locked (or never unlocked): the process ends, its memory with it
+
+    async def _drain_arrivals(self, server: Any) -> None:
+        """Requests routed here before the router read ``closing`` (a retry right after a wrong
+        passphrase) are answered ``vault_process_ending`` (nothing runs, the client asks the route
+        again) instead of finding their connection reset: wait until no connection has been open for
+        ``QUIET_SECONDS``, at most ``CLOSING_GRACE_SECONDS``."""
+        deadline = time.monotonic() + CLOSING_GRACE_SECONDS
+        quiet_since: float | None = None
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if server.active:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= QUIET_SECONDS:
+                return
+            await asyncio.sleep(CHECK_SECONDS / 5)
 
 
 def main(argv: list[str] | None = None) -> None:
