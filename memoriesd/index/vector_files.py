@@ -94,7 +94,7 @@ def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True
 
 
 def rekey_vectors(rk: Any) -> dict[str, int]:
-    """A key change's stage for sealed vectors (:class:`~memoriesd.vault.store.Rekeying`): every
+    """A key change's stage for sealed vectors (:class:`~memoriesd.vault.rekey.Rekeying`): every
     sidecar whose model the space list names is sealed again under the new key, named for it, its
     vectors keyed by the new key's content keys, each row in the encoding it had; the space list
     too. Nothing is embedded again. Vectors of no live fragment go (as in compaction), and so does

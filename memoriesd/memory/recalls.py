@@ -151,7 +151,7 @@ class Recalls:
 
 
 def rekey_recalls(rk: Any) -> dict[str, int]:
-    """A key change's stage for the counters (:class:`~memoriesd.vault.store.Rekeying`): the file
+    """A key change's stage for the counters (:class:`~memoriesd.vault.rekey.Rekeying`): the file
     sealed again under the new key, as it is. An unreadable file is not carried over (counters
     start from zero, as they would)."""
     store = rk.store

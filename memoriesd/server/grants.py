@@ -137,7 +137,7 @@ def _token_hash(store: VaultStore, token: str, rec: dict[str, Any] | None = None
 
 
 def carry_grant(key: str, value: Any, rk: Any) -> Any:
-    """A key change's setting rewrite (:class:`~memoriesd.vault.store.RekeyParts`): a grant keeps
+    """A key change's setting rewrite (:class:`~memoriesd.vault.rekey.RekeyParts`): a grant keeps
     working under the new vault key, so it carries the grant subkey of the key its token hash was
     made with (sealed in the log like the hash; it derives nothing else, and opens nothing)."""
     if not key.startswith(SETTING_PREFIX) or not isinstance(value, dict) or "hash_key" in value:

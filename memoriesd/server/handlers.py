@@ -16,7 +16,8 @@ from typing import Any
 from .. import __version__
 from ..errors import KeyringUnavailable, NotFound, UsageError
 from ..vault.records import KINDS, Record, new_record_id, now
-from ..vault.store import RekeyParts, Setting, VaultStore, public_header
+from ..vault.rekey import RekeyParts
+from ..vault.store import Setting, VaultStore, public_header
 from .context import Context
 
 Handler = Callable[[Any, Context], dict[str, Any]]

@@ -41,7 +41,8 @@ from . import crypto, fsio
 from .format import HEADER_NAME, atomic_write, read_header
 from .live import LiveVault, locked_error
 from .records import new_record_id
-from .store import KdfParams, RekeyParts, VaultStore, public_header, unwrap_key
+from .rekey import RekeyParts
+from .store import KdfParams, VaultStore, public_header, unwrap_key
 
 log = logging.getLogger("memoriesd.vault")
 KEYRING_SERVICE = "memories-vault"

@@ -18,10 +18,10 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bulk import bulk_load, thaw
 from ..errors import BadPassphrase, DiskError, Internal, NotFound, UsageError, VaultCorrupt
@@ -54,13 +54,15 @@ from .format import (
 from .records import Record, now
 from .recovery import (
     REKEY_HEAD,
-    REKEY_PREFIX,
     clean_leftovers,
     discard_rekey,
     finish_rekey,
     preserve_bytes,
     staged_files,
 )
+
+if TYPE_CHECKING:
+    from .rekey import RekeyParts
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -743,132 +745,10 @@ class VaultStore:
             self.header = header
 
     def rekey(self, new_passphrase: bytes | bytearray, kdf: KdfParams, parts: RekeyParts | None = None) -> dict[str, int]:
-        """New passphrase AND a new random vault key: every file sealed under the old key is
-        written again under the new one, so a copy of the old header opens nothing written since.
+        """New passphrase and a new random vault key, everything re-sealed (:func:`.rekey.rekey`)."""
+        from .rekey import rekey
 
-        Crash-safe by one switch (docs/format.md, "Key change"): the whole log (every revision, as
-        a new epoch), each derived file ``parts.stage`` re-seals, and the head are written and
-        fsynced beside the vault as ``rekey-*`` files; then ``header.json`` is replaced atomically
-        by one that wraps the new key; only then are the staged files moved into place
-        (:func:`~.recovery.finish_rekey`). A crash before the switch leaves the old vault whole
-        (unlock removes the staged files); after it, unlock finishes the moves.
-
-        The caller holds the vault closed (no attachment uses the old key) and serialises Argon2id
-        runs. Returns the counts the stages report.
-        """
-        parts = parts or RekeyParts()
-        with self.lock:
-            self._check_writable()
-            try:
-                discard_rekey(self.dir, self.vault_id)  # left by an earlier attempt (unlock removes them too)
-            except OSError as exc:
-                raise DiskError(
-                    f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}): "
-                    f"check the disk and try again"
-                ) from exc
-            new_key = crypto.new_key()
-            rk = Rekeying(self, new_key)
-            records = crypto.Sealer(new_key, crypto.LABEL_RECORDS)
-            head_sealer = crypto.Sealer(new_key, crypto.LABEL_HEAD)
-            switched = False
-            try:
-                header = self._new_header(new_passphrase, new_key, kdf)
-                epoch = self.head.epoch + 1
-                stats: dict[str, int] = {}
-                setting = parts.setting
-                try:
-                    entries, _, settings = self._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
-                    new_head = self._write_log(rk.staged(log_name(epoch)), epoch, entries, records)
-                    for stage in parts.stage:
-                        stats.update(stage(rk) or {})
-                    # Staged last: a staged head exists only once everything it needs is durable.
-                    atomic_write(rk.staged(HEAD_NAME), seal_head(head_sealer, self.vault_id, new_head))
-                except BaseException as exc:
-                    self._unstage()
-                    if isinstance(exc, OSError):
-                        raise DiskError(
-                            f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}); "
-                            f"nothing changed: check the disk (a key change needs room for a second copy of the "
-                            f"vault) and try again"
-                        ) from exc
-                    raise
-                try:  # the switch: header.json wraps the new key
-                    atomic_write(self.dir / HEADER_NAME, header.to_bytes())
-                except DirSyncFailed as exc:
-                    # header.json wraps the new key now, but the rename may not survive a power loss:
-                    # nothing is moved, so whichever header comes back finds its own files at unlock.
-                    self._failed = _why(exc)
-                    raise DiskError(
-                        f"vault {self.name}: the new key was written but the disk reported an error ({_why(exc)}), "
-                        f"so after a crash the old passphrase may be the one that opens it: check the disk, then "
-                        f"unlock the vault (try the new passphrase, then the old one)"
-                    ) from exc
-                except OSError as exc:
-                    self._unstage()
-                    raise DiskError(
-                        f"the key of vault {self.name} was not changed: the disk reported an error ({_why(exc)}); "
-                        f"nothing changed: check the disk and try again"
-                    ) from exc
-                switched = True
-            finally:
-                if not switched:
-                    records.wipe()
-                    head_sealer.wipe()
-                    crypto.wipe(new_key)
-            old = (self._records, self._head_sealer, self.key)
-            self.key, self._records, self._head_sealer = new_key, records, head_sealer
-            self.header, self.head, self.settings = header, new_head, settings
-            self.generation += 1
-            old[0].wipe()
-            old[1].wipe()
-            crypto.wipe(old[2])
-            try:
-                finish_rekey(self.dir, self.vault_id, epoch)
-                fsio.unlink(self.dir / log_name(epoch - 1), missing_ok=True)  # sealed under the old key
-                fsync_dir(self.dir)
-            except OSError as exc:
-                self._failed = _why(exc)
-                raise DiskError(
-                    f"vault {self.name}: the key was changed, but the disk reported an error ({_why(exc)}) while "
-                    f"putting the new files in place: check the disk, then unlock the vault with the new "
-                    f"passphrase (unlock finishes it)"
-                ) from exc
-            return stats
-
-    def _unstage(self) -> None:
-        """Remove what a key change staged before it switched (best effort: no header wraps their
-        key, so the next unlock removes whatever is left)."""
-        try:
-            discard_rekey(self.dir, self.vault_id)
-        except OSError:
-            pass
-
-
-@dataclass
-class Rekeying:
-    """What a key change hands to the code of each sealed derived file: the store (still under its
-    old key), the new key, and where to stage a file for it."""
-
-    store: VaultStore
-    new_key: bytearray
-
-    def staged(self, name: str) -> Path:
-        """Where the new key's ``name`` is written until the switch (``rekey-<name>``)."""
-        return self.store.dir / (REKEY_PREFIX + name)
-
-
-@dataclass(frozen=True)
-class RekeyParts:
-    """What a key change does beyond the log and the head, given by the layers above the vault.
-
-    ``setting(key, value, rekeying)``: a setting's value as the new log holds it (grants keep the
-    key their token hash was made with). ``stage``: each writes the new key's version of some
-    derived files with :meth:`Rekeying.staged` names, fsynced, and returns counts for the reply;
-    derived files no stage writes are removed once the key changed (their owners rebuild them).
-    """
-
-    setting: Callable[[str, Any, Rekeying], Any] | None = None
-    stage: Sequence[Callable[[Rekeying], dict[str, int] | None]] = ()
+        return rekey(self, new_passphrase, kdf, parts)
 
 
 def public_header(vault_dir: Path) -> dict[str, Any] | None:
