@@ -38,7 +38,6 @@ unlock_delay_step_ms = 20
 unlock_delay_max_ms = 100
 """
 
-sys.path.insert(0, str(REPO))
 from memories_cli.client import RESEND_WHEN_ENDED  # noqa: E402
 from memoriesd.home import Home  # noqa: E402
 from memoriesd.server import protocol  # noqa: E402

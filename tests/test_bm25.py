@@ -311,7 +311,7 @@ def _ndcg10(
 
 @pytest.mark.skipif(not (SHARED / "eval" / "scifact").is_dir(), reason=needs_shared("eval/scifact"))
 def test_scifact_quality_meets_the_fragment_level_baseline() -> None:
-    """Quality only: speed targets live in scripts/bench_bm25.py, never in timed assertions."""
+    """Quality only: speed targets live in bench/bench_bm25.py, never in timed assertions."""
     ix, queries, qrels, _ = _load("scifact")
     assert ix.stats.fragments > 13_000
     ndcg, _ = _ndcg10(ix, queries, qrels)

@@ -63,10 +63,10 @@ def test_tiny_model_is_a_valid_onnx_graph_with_deterministic_bytes(tmp_path: Pat
     assert set(info) == {"onnx/model_q4.onnx", "onnx/model_q4.onnx_data", "tokenizer.json",
                          "tokenizer_config.json", "config.json", "special_tokens_map.json"}
     check_graph(tmp_path / "a" / "onnx" / "model_q4.onnx")
-    code = (f"import json, sys; sys.path.insert(0, {str(REPO)!r}); from tests.tinymodel import make_tiny_model; "
+    code = (f"import json; from tests.tinymodel import make_tiny_model; "
             f"print(json.dumps(make_tiny_model(__import__('pathlib').Path({str(tmp_path / 'b')!r}), seed=7)))")
     other = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                      check=True).stdout)
+                                      check=True, cwd=REPO).stdout)
     assert other == info  # same bytes in another process (another hash seed)
     assert make_tiny_model(tmp_path / "c", seed=8)["onnx/model_q4.onnx_data"] != info["onnx/model_q4.onnx_data"]
     assert all(entry["size"] == (tmp_path / "a" / rel).stat().st_size for rel, entry in info.items())

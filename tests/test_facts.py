@@ -133,6 +133,6 @@ def test_rules_of_sameness() -> None:
     assert not revision_cue("The user knows Norwegian.")
     assert jaccard("The user drinks coffee black, no sugar.", "No sugar: the user drinks black coffee.") >= LEXICAL_SAME
     assert jaccard("The user is allergic to peanuts.", "The user is allergic to cats.") < LEXICAL_SAME
-    # The calibrated thresholds (scripts/calibrate_facts.py): a revision needs less than a restatement.
+    # The calibrated thresholds (bench/calibrate_facts.py): a revision needs less than a restatement.
     for profile in (GEMMA_PROFILE, ModelProfile("m", 1, 1, "", None)):
         assert 0 < profile.fact_revise_cosine < profile.fact_same_cosine < 1

@@ -3,7 +3,7 @@ recorded ones, the generator reproduces them, and every vector opens (or is refu
 its manifest says, through a real daemon; sidecars and snapshots are also read in-process.
 
 A change to the format fails here loudly: a writer change breaks the reproduction test, a reader
-change breaks the outcomes. Regenerating tests/vectors (scripts/make_format_vectors.py) is then a
+change breaks the outcomes. Regenerating tests/vectors (tests/support/make_format_vectors.py) is then a
 deliberate act, with a version bump when old vaults no longer read the same.
 """
 
@@ -65,7 +65,7 @@ def test_the_snapshot_vectors_carry_the_current_snapshot_version() -> None:
         pytest.skip(f"the snapshot vectors were written with SQLite {ENV['sqlite']} and jieba {ENV['jieba']}")
     assert ENV["version_tag"] == version_tag(DEFAULT), (
         "the lexical snapshot's schema changed (memoriesd/index/snapshot.py SCHEMA): regenerate the vectors with "
-        "scripts/make_format_vectors.py and review the MANIFEST.json diff"
+        "tests/support/make_format_vectors.py and review the MANIFEST.json diff"
     )
 
 
@@ -73,7 +73,7 @@ def test_the_generator_reproduces_every_vector(tmp_path: Path) -> None:
     """The store still writes exactly these bytes (nonces and salts come from the generator's fixed
     stream): a change in what the writer produces fails here even while the reader accepts both."""
     out = tmp_path / "vectors"
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_format_vectors.py"), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "tests.support.make_format_vectors", "--out", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert r.returncode == 0, r.stderr
     fresh = json.loads((out / "MANIFEST.json").read_text("utf-8"))

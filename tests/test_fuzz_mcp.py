@@ -2,17 +2,12 @@
 daemon: wrong types, missing, huge, Unicode, control characters, injection strings and the other
 vault's record ids get a tool error, never a server crash, never a byte of the other vault.
 
-The engine is ``scripts/reliability/fuzz_mcp.py`` (``scripts/reliability_report.py`` runs the long version).
+The engine is ``tests/support/fuzz_mcp.py`` (``tests/support/reliability_report.py`` runs the long version).
 """
 
 from __future__ import annotations
 
-import sys
-
-from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import fuzz_mcp  # noqa: E402
+from .support import fuzz_mcp
 
 
 def test_fuzzed_tool_arguments_get_tool_errors_and_never_another_vaults_data() -> None:

@@ -4,18 +4,14 @@ parameter name. Each gets one error (or result) frame per well-formed request an
 a crash, a hang or an internal error; a well-behaved client is served after, and an untouched vault
 keeps its record.
 
-The engine is ``scripts/reliability/fuzz.py`` (``scripts/reliability_report.py`` runs the long version,
+The engine is ``tests/support/fuzz.py`` (``tests/support/reliability_report.py`` runs the long version,
 with the full method x parameter x bad-value sweep).
 """
 
 from __future__ import annotations
 
-import sys
-
-from .conftest import REPO, create_vault, running_daemon
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import fuzz  # noqa: E402
+from .conftest import create_vault, running_daemon
+from .support import fuzz
 
 
 def test_fuzzed_frames_get_one_line_errors_or_a_clean_close_and_the_daemon_keeps_serving() -> None:

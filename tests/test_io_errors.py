@@ -1,6 +1,6 @@
 """ENOSPC and EIO at every write step, and a real full tmpfs under a real daemon (issue 18, item 2).
 
-The engine is ``scripts/reliability/io_errors.py``: the seam ``memoriesd/vault/fsio.py`` fails one
+The engine is ``tests/support/io_errors.py``: the seam ``memoriesd/vault/fsio.py`` fails one
 write step of vault ``main`` (``ENOSPC`` stays, like a full disk; ``EIO`` strikes once); the client
 must get a one-line ``io_error`` (or the operation succeeds where the step was best-effort), vault
 ``other`` keeps working, memory agrees with the disk, a failed log fsync leaves the vault refusing
@@ -13,16 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Daemon, DaemonError, create_vault, short_tmpdir, write_config
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import io_errors, scenarios  # noqa: E402
+from .conftest import Daemon, DaemonError, create_vault, short_tmpdir, write_config
+from .support import io_errors, scenarios
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,8 @@ import pytest
 from memories_cli.client import Client
 from memoriesd.home import Home
 
-from .conftest import REPO, descendants, running_daemon
-from .tinymodel import make_tiny_model
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability.process_shape import (  # noqa: E402
+from .conftest import descendants, running_daemon
+from .support.process_shape import (
     canaries,
     count_all,
     count_in_memory,
@@ -39,6 +35,7 @@ from reliability.process_shape import (  # noqa: E402
     notes_with_card,
     use_the_vault,
 )
+from .tinymodel import make_tiny_model
 
 
 def _report(figures: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Simulated power loss at every sync point of every vault write path (issue 18, item 1).
 
-The engine is ``scripts/reliability/power_loss.py`` (``scripts/reliability_report.py`` runs the
+The engine is ``tests/support/power_loss.py`` (``tests/support/reliability_report.py`` runs the
 long version): every write, fsync and rename of vault ``main`` goes through the one seam
 ``memoriesd/vault/fsio.py``, is recorded, and at every fsync/rename the disk is rebuilt as a power
 loss may leave it (unsynced writes applied, dropped, torn or garbled; a prefix of the unsynced
@@ -11,14 +11,10 @@ seeds at 2 random crash points of each scenario and 3 seeds at every other point
 from __future__ import annotations
 
 import logging
-import sys
 
 import pytest
 
-from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import power_loss, scenarios  # noqa: E402
+from .support import power_loss, scenarios
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +39,9 @@ def test_the_model_keeps_fsynced_data_and_loses_or_tears_only_what_was_not_synce
     import random
     from pathlib import Path
 
-    from reliability.fsmodel import DiskModel, RecordingFS
-
     from memoriesd.vault import fsio
+
+    from .support.fsmodel import DiskModel, RecordingFS
 
     d = Path(str(tmp_path)) / "v"
     d.mkdir()

@@ -15,14 +15,17 @@ import logging
 import os
 import random
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memoriesd.index.vector_store import VectorStore, list_sidecars, read_spaces, sidecar_opaque_id  # noqa: E402
+from memoriesd.vault import crypto  # noqa: E402
+from memoriesd.vault.format import decode_full_log, open_head, read_header  # noqa: E402
+from memoriesd.vault.store import VaultStore, unwrap_key  # noqa: E402
+
 from .conftest import (
-    REPO,
     SHARED,
     Daemon,
     DaemonError,
@@ -32,15 +35,8 @@ from .conftest import (
     run_cli,
     running_daemon,
 )
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import power_loss, scenarios  # noqa: E402
-from reliability.fsmodel import SYNC_KINDS, DiskModel, write_dir  # noqa: E402
-
-from memoriesd.index.vector_store import VectorStore, list_sidecars, read_spaces, sidecar_opaque_id  # noqa: E402
-from memoriesd.vault import crypto  # noqa: E402
-from memoriesd.vault.format import decode_full_log, open_head, read_header  # noqa: E402
-from memoriesd.vault.store import VaultStore, unwrap_key  # noqa: E402
+from .support import power_loss, scenarios
+from .support.fsmodel import SYNC_KINDS, DiskModel, write_dir
 
 OLD, NEW = "correct horse", "battery staple"
 MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"

@@ -3,23 +3,18 @@ create / unlock / lock / add / update / delete / ingest / search / compact / pas
 forget / restart / grant, and pairs of them at once from two connections, against a model: 0
 crashes, 0 records visible while locked, model and daemon agree after every step.
 
-The engine is ``scripts/reliability/stateful.py``; ``scripts/reliability_report.py`` runs it with many
+The engine is ``tests/support/stateful.py``; ``tests/support/reliability_report.py`` runs it with many
 more examples. The second test exercises the real Argon2id parameters where they matter: an unlock
 and a passphrase change of one vault at once (the daemon's KDF lock serialises the derivations).
 """
 
 from __future__ import annotations
 
-import sys
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-from reliability import stateful  # noqa: E402
-from reliability.stateful_pairs import PAIRS, unlock_passwd  # noqa: E402
+from .support import stateful
+from .support.stateful_pairs import PAIRS, unlock_passwd
 
 
 def test_any_sequence_of_operations_from_concurrent_clients_agrees_with_the_model() -> None:

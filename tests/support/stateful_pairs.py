@@ -14,29 +14,29 @@ from typing import Any
 from hypothesis import strategies as st
 
 from .live import Reply
-from .stateful import Machine, Rec, VaultModel, both, token
+from .stateful_model import Rec, Steps, VaultModel, both, token
 
 
-def _add(m: Machine, v: VaultModel, data: st.DataObject) -> tuple[Callable[[], Reply], str]:
+def _add(m: Steps, v: VaultModel, data: st.DataObject) -> tuple[Callable[[], Reply], str]:
     tok = token()
     body = m.body(data, tok)
     return (lambda: m.req("memory.add", {"vault": v.vid, "body": body})), tok
 
 
-def _added(m: Machine, v: VaultModel, r: Any, tok: str, what: str) -> None:
+def _added(m: Steps, v: VaultModel, r: Any, tok: str, what: str) -> None:
     assert isinstance(r, Reply), f"{what}: {r!r}"
     if m.locked_or(v, r, what):
         v.records[r.result["id"]] = Rec("memory", 1, tok)
 
 
-def add_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def add_add(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     (a, ta), (b, tb) = _add(m, v, data), _add(m, v, data)
     ra, rb = both(a, b)
     _added(m, v, ra, ta, "add+add (first)")
     _added(m, v, rb, tb, "add+add (second)")
 
 
-def update_update(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def update_update(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     ids = v.of_kind("memory", "fact")
     if not ids:
         return add_add(m, v, data)
@@ -61,7 +61,7 @@ def update_update(m: Machine, v: VaultModel, data: st.DataObject) -> None:
     rec.token = revs[rec.revision]
 
 
-def lock_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def lock_add(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     add, tok = _add(m, v, data)
     was_unlocked = v.unlocked
     rl, ra = both(lambda: m.req("vault.lock", {"vault": v.vid}), add)
@@ -74,7 +74,7 @@ def lock_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
     v.unlocked = False
 
 
-def _strong_kdf(m: Machine, v: VaultModel) -> bool:
+def _strong_kdf(m: Steps, v: VaultModel) -> bool:
     """Whether the vault's key is wrapped under the default Argon2id (64 MiB), so that unlock and
     passwd at once run two real derivations."""
     try:
@@ -84,7 +84,7 @@ def _strong_kdf(m: Machine, v: VaultModel) -> bool:
     return int(kdf.get("memory_kib", 0)) >= 65536
 
 
-def unlock_passwd(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def unlock_passwd(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     """The KDF runs twice (unlock, passwd) on one vault at once; with real Argon2id when the vault was
     created or re-keyed under the strong configuration."""
     new = data.draw(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=16))
@@ -106,7 +106,7 @@ def unlock_passwd(m: Machine, v: VaultModel, data: st.DataObject) -> None:
         raise AssertionError(f"unlock with the unchanged passphrase failed: {dict(ru)}")
 
 
-def search_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def search_add(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     live = v.of_kind("memory", "fact", "card")
     rid = m.pick(data, live) if live else None
     query = v.records[rid].token if rid else "zebra"
@@ -118,7 +118,7 @@ def search_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
     _added(m, v, ra, tok, "search+add: add")
 
 
-def remember_forget(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def remember_forget(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     ids = sorted(v.records)
     rid = m.pick(data, ids) if ids else None
     tok = token()
@@ -139,7 +139,7 @@ def remember_forget(m: Machine, v: VaultModel, data: st.DataObject) -> None:
             m._gone(v, rid, forgotten=True)
 
 
-def compact_update(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def compact_update(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     ids = v.of_kind("memory", "fact")
     if not ids:
         add, tok = _add(m, v, data)
@@ -161,7 +161,7 @@ def compact_update(m: Machine, v: VaultModel, data: st.DataObject) -> None:
     m.locked_or(v, rc, "compact+update: compact")
 
 
-def kill_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
+def kill_add(m: Steps, v: VaultModel, data: st.DataObject) -> None:
     """SIGKILL while an add is in flight: acknowledged, it must survive; unanswered, it may."""
     add, tok = _add(m, v, data)
     delay = data.draw(st.floats(0, 0.03))
@@ -185,7 +185,7 @@ def kill_add(m: Machine, v: VaultModel, data: st.DataObject) -> None:
         x.unlocked = False
 
 
-PAIRS: dict[str, Callable[[Machine, VaultModel, st.DataObject], None]] = {
+PAIRS: dict[str, Callable[[Steps, VaultModel, st.DataObject], None]] = {
     "add+add": add_add,
     "update+update": update_update,
     "lock+add": lock_add,

@@ -15,7 +15,7 @@ Measured (on a throw-away home under /tmp, with a real ``memoriesd`` process):
 
 Progress goes to stderr. Usage::
 
-    .venv/bin/python scripts/bench_vault.py [--records 10000] [--quick] [--keep-home]
+    .venv/bin/python -m bench.bench_vault [--records 10000] [--quick] [--keep-home]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from memoriesd.server import protocol  # noqa: E402
 

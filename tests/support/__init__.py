@@ -1,8 +1,8 @@
-"""Reliability engines shared by the tests (short mode) and ``scripts/reliability_report.py`` (long).
+"""Reliability engines shared by the tests (short mode) and ``tests/support/reliability_report.py`` (long).
 
 Each engine module exposes ``run(short: bool, seeds: int | None, minutes: float | None) -> dict``
-returning a JSON-able section of the report. To add a section: write ``scripts/reliability/<name>.py``
-with such a ``run`` and add one line to ``SECTIONS`` in ``scripts/reliability_report.py``.
+returning a JSON-able section of the report. To add a section: write ``tests/support/<name>.py``
+with such a ``run`` and add one line to ``SECTIONS`` in ``tests/support/reliability_report.py``.
 
 - :mod:`.fsmodel`: a recording file system for :mod:`memoriesd.vault.fsio` and the power-loss
   model that rebuilds what the disk may hold at each sync point.

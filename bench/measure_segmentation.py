@@ -6,7 +6,7 @@ stemmer on or off) it builds :class:`memoriesd.index.bm25.BM25Index` from
 JSON: nDCG@10, Recall@100, index build time (segmentation + FTS5), fragment
 split time, and query latency (p50/p95 of ``candidates(limit=100)``).
 
-Usage: .venv/bin/python scripts/measure_segmentation.py [--shared ../shared] [--only han_only+porter]
+Usage: .venv/bin/python -m bench.measure_segmentation [--shared ../shared] [--only han_only+porter]
 
 Measured on a 2-core machine shared with other jobs (load about 2.5), 768/128 fragments:
 
@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from memoriesd.index.bm25 import BM25Index, IndexedDoc  # noqa: E402
 from memoriesd.text import segment  # noqa: E402

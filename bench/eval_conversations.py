@@ -16,8 +16,8 @@ same questions against the note-per-session alternative in the same run: each se
 Markdown note (``# title`` + ``Speaker: text`` lines) and ``rag ingest``-ed, as a person would
 without capture.
 
-    scripts/eval_conversations.py ../shared/eval/locomo-dev --mode bm25 --baseline
-    scripts/eval_conversations.py ../shared/eval/locomo-dev --model-dir DIR --mode bm25 --mode vector --mode hybrid
+    python -m bench.eval_conversations ../shared/eval/locomo-dev --mode bm25 --baseline
+    python -m bench.eval_conversations ../shared/eval/locomo-dev --model-dir DIR --mode bm25 --mode vector --mode hybrid
 
 Prints one JSON object per (set, path, mode) with the figures overall and per category, and one per
 file with capture throughput.
@@ -41,10 +41,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO))
 
-from eval_beir import PASSPHRASE, Conn, start_daemon  # noqa: E402
+from bench.eval_beir import PASSPHRASE, Conn, start_daemon  # noqa: E402
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "inference", 4: "single-hop"}
 _SESSION = re.compile(r"^session_(\d+)$")

@@ -15,7 +15,7 @@ Prints one JSON object. For each model (``--model-dir``, repeatable):
 
 Only short texts (about 150 embeddings per model): cheap on a shared CPU.
 
-Usage: .venv/bin/python scripts/calibrate_facts.py --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
+Usage: .venv/bin/python -m bench.calibrate_facts --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
        [--model-dir /work/egemma/out/embeddinggemma-300m-fp32] [--threads 2]
 """
 
@@ -27,13 +27,10 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memoriesd.memory.facts import jaccard, revision_cue  # noqa: E402
 

@@ -39,7 +39,7 @@ Lexical part, ``"lexical"`` (skip with ``--skip-lexical``), for each size of ``-
    (the CLI's own start).
 
 First-result part, ``"first_result"`` (skip with ``--skip-first-result``; details in
-``scripts/first_result_bench.py``), for each size of ``--first-fragments`` (default 10,000 and
+``bench/first_result_bench.py``), for each size of ``--first-fragments`` (default 10,000 and
 100,000), at default settings (KDF, caps, int8 vectors): a vault ingested from SciFact Markdown files
 with 768-dimension vectors from a real embedding service on 127.0.0.1 (``tests/embed_server.py``,
 not a model: what is timed does not depend on what vectors mean), then ``--repeats`` cycles of
@@ -49,7 +49,7 @@ by this tree (``current``), by this tree reading the vector sidecar whole as bef
 (``whole_file_vectors``) and, with ``--baseline-tree DIR``, by another source tree (``baseline``),
 interleaved; with the daemon's peak RSS after the first cycle.
 
-    .venv/bin/python scripts/bench_first_search.py [--fragments 10000] [--reembed measure|extrapolate]
+    .venv/bin/python -m bench.bench_first_search [--fragments 10000] [--reembed measure|extrapolate]
         [--skip-vector] [--skip-lexical] [--lexical-fragments 10000,100000] [--repeats 3]
         [--skip-first-result] [--first-fragments 10000,100000] [--baseline-tree DIR]
 """
@@ -67,11 +67,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
-from first_result_bench import first_result_bench  # noqa: E402
-from lexical_first_search import lexical_bench  # noqa: E402
+from bench.eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
+from bench.first_result_bench import first_result_bench  # noqa: E402
+from bench.lexical_first_search import lexical_bench  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 QUERY = "protein folding in the endoplasmic reticulum"

@@ -13,7 +13,7 @@ Documents are ranked by their best fragment, as ``eval_beir.py`` does; prints on
 The product's own figure for the chosen setting comes from ``eval_beir.py`` (which also applies the
 light reranker); this script only narrows the choice.
 
-    scripts/sweep_fusion.py ../shared/eval/scifact --home /work/evalhome-scifact-gemma
+    python -m bench.sweep_fusion ../shared/eval/scifact --home /work/evalhome-scifact-gemma
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from eval_beir import PASSPHRASE, Conn, load_jsonl, load_qrels, ndcg_at, recall_at, start_daemon  # noqa: E402
+from bench.eval_beir import PASSPHRASE, Conn, load_jsonl, load_qrels, ndcg_at, recall_at, start_daemon  # noqa: E402
 
 Key = tuple[str, int]
 

@@ -221,10 +221,6 @@ def tiny_model() -> Path:
     global _model_dir
     with _model_lock:
         if _model_dir is None:
-            import sys
-
-            if str(REPO) not in sys.path:
-                sys.path.insert(0, str(REPO))
             from tests.tinymodel import make_tiny_model
 
             d = Path(tempfile.mkdtemp(prefix="reltiny"))

@@ -23,8 +23,8 @@ BM25 only by default; ``--model-dir`` adds vectors (embedded with ``rag index`` 
 background indexer is off so the counts are exact). The bench raises the cache caps in its own
 config (``--default-caps`` keeps the daemon's defaults). The KDF keeps its default parameters.
 
-    .venv/bin/python scripts/bench_scale.py                                    # BM25, 10k and 100k
-    .venv/bin/python scripts/bench_scale.py --steps 10000 \\
+    .venv/bin/python -m bench.bench_scale                                    # BM25, 10k and 100k
+    .venv/bin/python -m bench.bench_scale --steps 10000 \\
         --model-dir ../shared/models/all-MiniLM-L6-v2-onnx                     # MiniLM, 10k
 """
 
@@ -47,11 +47,8 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 EVAL = SHARED / "eval"
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import Conn, launch_daemon, load_jsonl  # noqa: E402
-
+from bench.eval_beir import Conn, launch_daemon, load_jsonl  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 PASSPHRASE = "bench scale passphrase"

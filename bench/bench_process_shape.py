@@ -19,7 +19,7 @@ object on stdout, progress on stderr.
    per process with its role (``daemon status --json``, else guessed from the command line); again
    after ``vault lock --all``. Targets: <= 1.0 GiB with a Q4 model, <= 1.4 GiB with the fp32 export.
 
-    .venv/bin/python scripts/bench_process_shape.py [--notes 2000 --repeats 5] [--fragments 10000]
+    .venv/bin/python -m bench.bench_process_shape [--notes 2000 --repeats 5] [--fragments 10000]
         [--model-dir DIR] [--cache DIR] [--set-b daemon.vault_process=true] [--skip-unlock|--skip-memory]
 """
 

@@ -15,10 +15,10 @@ status is 1 when anything was found, else 0. Progress lines go to stderr.
 
 Run it from the repository root with the project's virtual environment::
 
-    .venv/bin/python scripts/attack_daemon.py                      # every scenario
-    .venv/bin/python scripts/attack_daemon.py --only deep_json,fifo    # some (--only is repeatable)
-    .venv/bin/python scripts/attack_daemon.py --list                   # their names
-    .venv/bin/python scripts/attack_daemon.py --keep --only rollback_head   # keep the homes to inspect
+    .venv/bin/python -m bench.attack_daemon                      # every scenario
+    .venv/bin/python -m bench.attack_daemon --only deep_json,fifo    # some (--only is repeatable)
+    .venv/bin/python -m bench.attack_daemon --list                   # their names
+    .venv/bin/python -m bench.attack_daemon --keep --only rollback_head   # keep the homes to inspect
 
 A clean run takes about 1.5 minutes; a daemon or CLI that hangs costs up to its scenario's timeout
 (60 s for the CLI hangs), so a run that finds every defect stays under about 5 minutes.
@@ -623,7 +623,6 @@ def _check_vector_snapshots(vault_dir: Path, vault_id: str, identities: set[str]
     batch sealed under a wiped key after batches under the real key leaves a file no key opens whole)."""
     import logging
 
-    sys.path.insert(0, str(REPO))
     from memoriesd.index.vector_store import SPACES_NAME, VectorStore, read_spaces
     from memoriesd.vault import crypto
     from memoriesd.vault.format import read_header

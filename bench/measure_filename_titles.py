@@ -12,7 +12,7 @@ vector search: every document is written as ``<its title, slugged>.md`` with no 
 Prints one JSON object per variant (vector nDCG@10, Recall@100) and the difference. With a model that
 takes no prompts (MiniLM) the title is embedded as a first line instead.
 
-    scripts/measure_filename_titles.py /work/scifact-sub --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
+    python -m bench.measure_filename_titles /work/scifact-sub --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ import json
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from eval_beir import PASSPHRASE, Conn, load_jsonl, load_qrels, ndcg_at, recall_at, start_daemon  # noqa: E402
+from bench.eval_beir import PASSPHRASE, Conn, load_jsonl, load_qrels, ndcg_at, recall_at, start_daemon  # noqa: E402
 
 
 def slug(title: str, used: set[str]) -> str:

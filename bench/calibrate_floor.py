@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Calibrate `rag ask`'s evidence floor (`[rag] ask_min_cosine`) for an embedding model.
 
-For each vault kept by ``scripts/eval_beir.py --home DIR`` (one per dataset, already embedded with
+For each vault kept by ``bench/eval_beir.py --home DIR`` (one per dataset, already embedded with
 the model), the best vector cosine of every *on-topic* question (the dataset's own queries) and of
 every *off-topic* question (the other datasets' queries) is read through the real daemon
 (`rag search --mode vector --limit 1`). For candidate floors it prints, as JSON, the share of
 on-topic questions that keep evidence and of off-topic questions that are wrongly sent on.
 
-    scripts/calibrate_floor.py --model-dir DIR \\
+    python -m bench.calibrate_floor --model-dir DIR \\
         --set scifact=/work/evalhome-scifact-gemma:../shared/eval/scifact \\
         --set xquad-zh=/work/evalhome-xquad-gemma:../shared/eval/xquad-zh
 """
@@ -18,15 +18,12 @@ import argparse
 import json
 import signal
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
+from bench.eval_beir import PASSPHRASE, Conn, load_jsonl, start_daemon  # noqa: E402
 
 
 def best_cosines(home: Path, model_dir: str, questions: list[str]) -> list[float]:

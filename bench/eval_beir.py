@@ -7,16 +7,16 @@ through ``memory.add`` instead, title apart, as earlier versions did), runs the
 queries of ``qrels/<split>.tsv`` with ``rag search``, ranks documents by their best fragment and
 prints one JSON object per run: ndcg@10, recall@100, p50_ms, p95_ms, queries, documents, mode.
 
-    scripts/eval_beir.py ../shared/eval/scifact --mode bm25
-    scripts/eval_beir.py ../shared/eval/scifact --mode hybrid --mode vector --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
-    scripts/eval_beir.py ../shared/eval/scifact --mode hybrid --rrf-k 10 --rrf-k 20 --rrf-k 60 --rrf-k 100 --rerank both
+    python -m bench.eval_beir ../shared/eval/scifact --mode bm25
+    python -m bench.eval_beir ../shared/eval/scifact --mode hybrid --mode vector --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
+    python -m bench.eval_beir ../shared/eval/scifact --mode hybrid --rrf-k 10 --rrf-k 20 --rrf-k 60 --rrf-k 100 --rerank both
 
 Several --mode / --rrf-k / --rerank values share one ingest and one embedding pass. With
 --home DIR the vault (and its sealed vectors) is kept and reused by the next run. Each
 --vector-precision (float32, float16, int8: ``[rag.cache] vector_precision``) restarts the daemon on
 the same sealed vectors, so the precisions are compared on identical embeddings in one run:
 
-    scripts/eval_beir.py ../shared/eval/scifact --mode vector --mode hybrid --model-dir M --home DIR \
+    python -m bench.eval_beir ../shared/eval/scifact --mode vector --mode hybrid --model-dir M --home DIR \
         --vector-precision float32 --vector-precision float16 --vector-precision int8
 """
 
@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from memoriesd.server import protocol  # noqa: E402
 

@@ -9,7 +9,7 @@ A daemon on a temp home with a local model (``--model-dir``; default the small a
 after query, so a busy machine slows both alike. ``ratio`` = miss / hit (median). Also the cost of
 one ``QueryCache.get`` hit in this process over ``--micro`` calls (1,000 entries held).
 
-Usage: .venv/bin/python scripts/bench_query_cache.py [--model-dir DIR] [--queries 20] [--repeats 5]
+Usage: .venv/bin/python -m bench.bench_query_cache [--model-dir DIR] [--queries 20] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -30,7 +29,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from memoriesd.rag.query_cache import QueryCache  # noqa: E402
 from tests.conftest import Daemon, cli_json, create_vault, write_config  # noqa: E402

@@ -44,12 +44,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import PASSPHRASE, Conn  # noqa: E402
-from lexical_first_search import FIRST_QUERY, write_notes  # noqa: E402
-
+from bench.eval_beir import PASSPHRASE, Conn  # noqa: E402
+from bench.lexical_first_search import FIRST_QUERY, write_notes  # noqa: E402
 from tests.embed_server import EmbeddingService  # noqa: E402
 
 DIMS = 768  # EmbeddingGemma's width: the sidecar and the int8 index as the product's default model makes them

@@ -18,9 +18,9 @@ What the ``[rag.cache]`` defaults are sized from (README "Memory and the cache c
 - budget: daemon + model + two cached vaults (lexical + vectors), per precision and model,
   against ``--budget-mib`` (1536).
 
-    .venv/bin/python scripts/bench_memory.py --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
-    .venv/bin/python scripts/bench_memory.py --skip-lexical --fragments 100000 --dims 768
-    .venv/bin/python scripts/bench_memory.py --default-caps   # the two vaults must fit the defaults
+    .venv/bin/python -m bench.bench_memory --model-dir ../shared/models/all-MiniLM-L6-v2-onnx
+    .venv/bin/python -m bench.bench_memory --skip-lexical --fragments 100000 --dims 768
+    .venv/bin/python -m bench.bench_memory --default-caps   # the two vaults must fit the defaults
 """
 
 from __future__ import annotations
@@ -40,11 +40,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-sys.path.insert(0, str(REPO / "scripts"))
-
-from eval_beir import Conn, launch_daemon  # noqa: E402
+from bench.eval_beir import Conn, launch_daemon  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 PASSPHRASE = "bench memory passphrase"

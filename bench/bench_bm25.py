@@ -21,7 +21,7 @@ Prints one JSON object on stdout (progress on stderr). In one run, on the same S
 Targets (from the issue): bm25 p50 inside the daemon under 10 ms; English ingest at least 5 MB/s;
 Chinese at least 80 % of raw jieba speed. ``targets`` says whether each was met.
 
-    .venv/bin/python scripts/bench_bm25.py [--max-queries 300] [--cli-queries 30] [--skip-peers]
+    .venv/bin/python -m bench.bench_bm25 [--max-queries 300] [--cli-queries 30] [--skip-peers]
 """
 
 from __future__ import annotations
@@ -40,10 +40,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import Conn, load_jsonl, load_qrels, ndcg_at, start_daemon  # noqa: E402
+from bench.eval_beir import Conn, load_jsonl, load_qrels, ndcg_at, start_daemon  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 BENCH_VENV = REPO / ".bench-venv"
@@ -260,7 +258,7 @@ def main() -> None:
             inside.append(r["timings_ms"]["total_ms"])
             index_ms.append(r["timings_ms"].get("index_ms", 0.0))
             bm25_ms.append(r["timings_ms"].get("bm25_ms", 0.0))
-        # Quality: documents ranked by their best fragment among 100 (as scripts/eval_beir.py does).
+        # Quality: documents ranked by their best fragment among 100 (as bench/eval_beir.py does).
         ndcgs = []
         for qid, q in zip(qids, queries, strict=True):
             res = conn.call("rag.search", {"vault": vid, "query": q, "mode": "bm25", "limit": 100})["results"]

@@ -9,10 +9,10 @@ acknowledged records lost (must be 0), crashes (must be 0) and peak memory. ``--
 CI runs (the pytest tests run the same engines in short mode); the default runs every crash
 point with ``--seeds`` seeds (default 100) and every write step with both errors.
 
-    .venv/bin/python scripts/reliability_report.py --short
-    .venv/bin/python scripts/reliability_report.py --seeds 1000 --minutes 60
+    .venv/bin/python -m tests.support.reliability_report --short
+    .venv/bin/python -m tests.support.reliability_report --seeds 1000 --minutes 60
 
-A section is a module of ``scripts/reliability/`` with ``run(short, seeds, minutes) -> dict``:
+A section is a module of ``tests/support/`` with ``run(short, seeds, minutes) -> dict``:
 add one with one import and one entry in ``SECTIONS``. Exit status 1 when a zero is not zero.
 """
 
@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+REPO = Path(__file__).resolve().parents[2]
 
-from reliability import fuzz, fuzz_mcp, io_errors, power_loss, process_shape, stateful  # noqa: E402
+from tests.support import fuzz, fuzz_mcp, io_errors, power_loss, process_shape, stateful  # noqa: E402
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "power_loss": power_loss.run,
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)  # recovery warnings are expected by the thousand
     t0 = time.monotonic()
     try:
-        commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
     report: dict[str, Any] = {

@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from eval_beir import PASSPHRASE, Conn, start_daemon  # noqa: E402
-
+from bench.eval_beir import PASSPHRASE, Conn, start_daemon  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 FIRST_QUERY = "protein folding in the endoplasmic reticulum"

@@ -20,7 +20,7 @@ of the product's 768-character fragments, 128 overlap, embedded as ``(title, fra
 - single-query embedding latency p50/p95 (the set's queries);
 - exact top-100 cosine search over 10,000 x 768 random unit vectors, with and without a filter.
 
-Usage: .venv/bin/python scripts/bench_embed.py [--model-dir DIR] [--set scifact|xquad-zh|both]
+Usage: .venv/bin/python -m bench.bench_embed [--model-dir DIR] [--set scifact|xquad-zh|both]
        [--limit 300] [--threads N] [--rounds 3] [--threads-sweep] [--batch-sweep] [--budgets 1024,...]
 """
 
@@ -33,7 +33,6 @@ os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # before onnxruntime is imported, her
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -42,7 +41,6 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from memoriesd.embed.local import OUTPUT_NAME, LocalEmbedder, fixed_batches, plan_batches  # noqa: E402
 from memoriesd.embed.profile import find_graph, format_document  # noqa: E402

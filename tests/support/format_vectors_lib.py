@@ -1,4 +1,4 @@
-"""Building blocks of scripts/make_format_vectors.py: the fixed vaults, the deterministic random
+"""Building blocks of tests/support/make_format_vectors.py: the fixed vaults, the deterministic random
 stream, byte edits and the case registry (see that script and docs/format.md).
 
 Importing this module replaces ``os.urandom`` in the importing process by a fixed stream: import it
@@ -12,13 +12,11 @@ import base64
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 # ----------------------------------------------------------------------------- determinism

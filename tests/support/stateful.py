@@ -13,7 +13,7 @@ remember+forget, compact+update, a SIGKILL while an add is in flight). A Python 
 - an unlocked vault lists exactly the model's records at the model's revisions (records whose add
   was in flight at a SIGKILL may or may not be there); a deleted or forgotten record is ``not_found``.
 
-``run()`` is the report's section (``scripts/reliability_report.py``); tests/test_stateful.py runs
+``run()`` is the report's section (``tests/support/reliability_report.py``); tests/test_stateful.py runs
 it in short mode. Each example works on vaults of its own in one shared daemon (deleted after it).
 """
 
@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-import random
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,70 +39,17 @@ from hypothesis.stateful import (
 )
 
 from .live import CHEAP, STRONG, LiveDaemon, Reply, new_home
+from .stateful_model import Rec, Stats, VaultModel, both, token
+from .stateful_pairs import PAIRS
 
-_counter = itertools.count(1)
+_counter = itertools.count(1)  # vault names
+
 WORDS = ("zebra", "lighthouse", "keeper", "morning", "orchard", "violin", "harbour", "lantern")
 # Body text around the unique token: any printable text, no surrogates (JSON could not carry them to a file).
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
 # File text: no control characters (a file with them is refused as binary, rightly).
 FILE_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=30)
 PASSPHRASE = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=16)
-
-
-def token() -> str:
-    """A unique word no other record holds (letters only: BM25 indexes it as one term)."""
-    n, out = next(_counter), ""
-    while n:
-        n, r = divmod(n, 26)
-        out += chr(ord("a") + r)
-    return "zq" + out + random.choice("bcdfghjk") * 2 + "x"
-
-
-@dataclass
-class Rec:
-    kind: str  # memory, card, fact
-    revision: int
-    token: str  # the unique word its current text holds
-
-
-@dataclass
-class VaultModel:
-    vid: str
-    name: str
-    passphrase: str
-    unlocked: bool = True
-    records: dict[str, Rec] = field(default_factory=dict)
-    maybe: set[str] = field(default_factory=set)  # tokens of adds in flight at a SIGKILL: there or not
-    gone: set[str] = field(default_factory=set)  # deleted or forgotten
-    forgotten_tokens: set[str] = field(default_factory=set)
-    folder: Path | None = None
-    files: dict[str, str] = field(default_factory=dict)  # file name -> token in it
-    ingested: dict[str, tuple[str, str]] = field(default_factory=dict)  # file name -> (card id, token at ingest)
-    grants: dict[str, str] = field(default_factory=dict)  # grant id -> token, live
-    revoked: dict[str, str] = field(default_factory=dict)
-
-    def of_kind(self, *kinds: str) -> list[str]:
-        return sorted(rid for rid, r in self.records.items() if r.kind in kinds)
-
-
-class Stats:
-    """Counters of one run (shared by every example)."""
-
-    def __init__(self) -> None:
-        self.examples = 0
-        self.steps = 0
-        self.requests = 0
-        self.answered_error = 0  # expected refusals: vault_locked, bad_passphrase, not_found...
-        self.concurrent_pairs = 0
-        self.restarts = 0
-        self.kills = 0
-        self.strong_kdf_ops = 0
-        self.locked_reads_checked = 0
-        self.records_visible_while_locked = 0
-        self.acknowledged_records_lost = 0
-        self.crashes = 0
-        self.replays_abandoned = 0
-        self.failures: list[str] = []
 
 
 STATE: dict[str, Any] = {"daemon": None, "stats": Stats()}
@@ -117,26 +61,6 @@ def _daemon() -> LiveDaemon:
         d = LiveDaemon(new_home(CHEAP)).start()
         STATE["daemon"] = d
     return d
-
-
-def both(a: Callable[[], Reply | None], b: Callable[[], Reply | None]) -> tuple[Reply | None, Reply | None]:
-    """Run two requests at once (each on its own connection, released together)."""
-    out: list[Any] = [None, None]
-    gate = threading.Barrier(2)
-
-    def go(i: int, fn: Callable[[], Reply | None]) -> None:
-        gate.wait()
-        try:
-            out[i] = fn()
-        except (OSError, ConnectionError) as exc:
-            out[i] = exc
-
-    threads = [threading.Thread(target=go, args=(i, fn)) for i, fn in enumerate((a, b))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out[0], out[1]
 
 
 def recorded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -460,8 +384,6 @@ class Machine(RuleBasedStateMachine):
     @recorded
     def pair(self, data: st.DataObject, kind: str) -> None:
         """Two requests at once on two connections; the model accepts either order."""
-        from .stateful_pairs import PAIRS  # noqa: PLC0415 - kept apart to keep this module small
-
         v = self.pick(data, self.vaults)
         self.stats.concurrent_pairs += 1
         PAIRS[kind](self, v, data)
