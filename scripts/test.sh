@@ -8,8 +8,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-echo "== ruff"; .venv/bin/ruff check memoriesd memories_cli tests scripts
+echo "== ruff"; .venv/bin/ruff check memoriesd memories_cli tests scripts bench
 echo "== mypy"; .venv/bin/mypy memoriesd
+echo "== vulture"; .venv/bin/vulture  # paths, confidence and whitelist: [tool.vulture] in pyproject.toml
+echo "== deptry"; .venv/bin/deptry .
 echo "== pytest"
 # Two worker processes, one test file each at a time (a file's module fixtures, e.g. a shared daemon,
 # stay in one worker): most tests wait on daemons, sockets and timers, so two cores run ~1.4x faster.
