@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DocumentRefused, UsageError
-from ..text.documents import PathKeys, discover, parse_document, read_document
+from ..text.documents import ParsedDocument, PathKeys, discover, parse_document, read_document
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
@@ -98,22 +98,13 @@ def _is_dir(path: Path) -> bool:
 
 
 def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: int) -> IngestReport:
-    report = IngestReport()
     if req.text is not None:
-        if not req.title:
-            raise UsageError("ingesting stdin (-) needs --title")
-        parsed = parse_document(req.text.encode("utf-8"), "stdin", title=req.title, max_bytes=max_bytes)
-        meta: dict[str, Any] = {k: v for k, v in parsed.meta.items() if k != "tags"}
-        rec = _card(None, parsed.title, parsed.body, _merge_tags(req.tags, parsed.meta), req.private, meta)
-        store.commit([rec])
-        report.added = 1
-        report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": "added"})
-        return report
-
+        return _ingest_text(store, req, req.text, max_bytes)
     roots = [Path(p) for p in req.paths]
     for p in roots:
         if not p.is_absolute():
             raise UsageError("ingest paths must be absolute (the CLI resolves them)")
+    report = IngestReport()
     keys = PathKeys()
     outside: list[Path] = []
     files, problems = discover(roots, recursive=req.recursive, keys=keys, outside=outside)
@@ -123,53 +114,17 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
     report.skipped_outside = [_relative(p, dir_roots) for p in outside]
     existing = _cards_by_source(store)
     moves = _Moves(existing)
-    total = len(files)
-    pending: list[tuple[Record, str, str]] = []
-    pending_bytes = 0
-    done = 0
-
-    def flush() -> None:
-        nonlocal pending, pending_bytes, done
-        if not pending:
-            return
-        ctx.check_cancelled()
-        with store.lock:  # re-based on the current revisions, written in the same critical section
-            pending = [(_rebase(store, rec), status, shown) for rec, status, shown in pending]
-            store.commit([r for r, _, _ in pending])
-        for rec, status, shown in pending:
-            if status == "added":
-                report.added += 1
-            elif status == "moved":
-                report.moved += 1
-            else:
-                report.updated += 1
-            report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown,
-                                   "source": rec.meta["source"]})
-        done_files = [shown for _, _, shown in pending]
-        pending, pending_bytes = [], 0
-        ctx.send_progress({"done": done, "total": total, "durable": done_files})
-
+    batch = _Batch(store, ctx, report, total=len(files))
     seen_sources: set[str] = set()
     for path in files:
-        done += 1
+        batch.done += 1
         ctx.check_cancelled()
         resolved = keys.key(path)
         shown = _relative(path, dir_roots)
-        try:
-            data = read_document(path, max_bytes)  # regular files only, at most max_bytes + 1 read
-        except OSError as exc:
-            report.refused.append({"path": str(path), "message": f"{path.name} cannot be read ({exc.strerror})"})
+        read = _read(path, req.title, max_bytes, report)
+        if read is None or resolved in seen_sources:
             continue
-        except DocumentRefused as exc:
-            report.refused.append({"path": str(path), "message": exc.message})
-            continue
-        try:
-            parsed = parse_document(data, path.name, title=req.title, max_bytes=max_bytes)
-        except DocumentRefused as exc:
-            report.refused.append({"path": str(path), "message": exc.message})
-            continue
-        if resolved in seen_sources:
-            continue
+        data, parsed = read
         seen_sources.add(resolved)
         digest = hashlib.sha256(data).hexdigest()
         tags = _merge_tags(req.tags, parsed.meta)
@@ -183,30 +138,100 @@ def run_ingest(store: VaultStore, req: IngestRequest, ctx: Any, *, max_bytes: in
             report.unchanged += 1
             continue
         private = req.private or (status == "moved" and prev is not None and prev.private)  # a move keeps a card private
-        rec = _card(prev, parsed.title, parsed.body, tags, private, meta)
-        pending.append((rec, status, shown))
-        pending_bytes += len(data)
-        if len(pending) >= GROUP_FILES or pending_bytes >= GROUP_BYTES:
-            flush()
-        elif done % 50 == 0:
-            ctx.send_progress({"done": done, "total": total, "durable": []})
-    flush()
-
+        batch.add(_card(prev, parsed.title, parsed.body, tags, private, meta), status, shown, len(data))
+    batch.flush()
     if req.prune:
-        dirs = [str(p.resolve()) for p in roots if p.is_dir()]
-        if not dirs:
-            raise UsageError("--prune needs a directory among the paths")
-        gone = []
-        for source, rec in _cards_by_source(store).items():
-            under = any(source.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
-            if under and source not in seen_sources and not os.path.exists(source):
-                gone.append(Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True))
-        if gone:
-            ctx.check_cancelled()
-            store.commit(gone)
-        report.pruned = len(gone)
-    ctx.send_progress({"done": total, "total": total, "durable": []})
+        report.pruned = _prune(store, ctx, roots, seen_sources)
+    ctx.send_progress({"done": batch.total, "total": batch.total, "durable": []})
     return report
+
+
+def _ingest_text(store: VaultStore, req: IngestRequest, text: str, max_bytes: int) -> IngestReport:
+    """Stdin text: always a new card (no path to know it by again)."""
+    if not req.title:
+        raise UsageError("ingesting stdin (-) needs --title")
+    parsed = parse_document(text.encode("utf-8"), "stdin", title=req.title, max_bytes=max_bytes)
+    meta: dict[str, Any] = {k: v for k, v in parsed.meta.items() if k != "tags"}
+    rec = _card(None, parsed.title, parsed.body, _merge_tags(req.tags, parsed.meta), req.private, meta)
+    store.commit([rec])
+    report = IngestReport(added=1)
+    report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": "added"})
+    return report
+
+
+def _read(path: Path, title: str | None, max_bytes: int, report: IngestReport) -> tuple[bytes, ParsedDocument] | None:
+    """The file's bytes and parsed document, or None with the reason in ``report.refused``."""
+    try:
+        data = read_document(path, max_bytes)  # regular files only, at most max_bytes + 1 read
+    except OSError as exc:
+        report.refused.append({"path": str(path), "message": f"{path.name} cannot be read ({exc.strerror})"})
+        return None
+    except DocumentRefused as exc:
+        report.refused.append({"path": str(path), "message": exc.message})
+        return None
+    try:
+        return data, parse_document(data, path.name, title=title, max_bytes=max_bytes)
+    except DocumentRefused as exc:
+        report.refused.append({"path": str(path), "message": exc.message})
+        return None
+
+
+@dataclass
+class _Batch:
+    """Cards made durable together (one commit per group of files or bytes); a file is reported, and
+    counted, only once its group is durable."""
+
+    store: VaultStore
+    ctx: Any
+    report: IngestReport
+    total: int
+    done: int = 0  # files looked at so far
+    pending: list[tuple[Record, str, str]] = field(default_factory=list)  # (card, status, shown path)
+    pending_bytes: int = 0
+
+    def add(self, rec: Record, status: str, shown: str, size: int) -> None:
+        self.pending.append((rec, status, shown))
+        self.pending_bytes += size
+        if len(self.pending) >= GROUP_FILES or self.pending_bytes >= GROUP_BYTES:
+            self.flush()
+        elif self.done % 50 == 0:
+            self.ctx.send_progress({"done": self.done, "total": self.total, "durable": []})
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        self.ctx.check_cancelled()
+        store, report = self.store, self.report
+        with store.lock:  # re-based on the current revisions, written in the same critical section
+            pending = [(_rebase(store, rec), status, shown) for rec, status, shown in self.pending]
+            store.commit([r for r, _, _ in pending])
+        for rec, status, shown in pending:
+            if status == "added":
+                report.added += 1
+            elif status == "moved":
+                report.moved += 1
+            else:
+                report.updated += 1
+            report.records.append({"id": rec.id, "revision": rec.revision, "title": rec.title, "status": status, "path": shown,
+                                   "source": rec.meta["source"]})
+        self.pending, self.pending_bytes = [], 0
+        self.ctx.send_progress({"done": self.done, "total": self.total, "durable": [shown for _, _, shown in pending]})
+
+
+def _prune(store: VaultStore, ctx: Any, roots: list[Path], seen_sources: set[str]) -> int:
+    """Delete the cards of files gone from under the named directories; how many."""
+    dirs = [str(p.resolve()) for p in roots if p.is_dir()]
+    if not dirs:
+        raise UsageError("--prune needs a directory among the paths")
+    gone = []
+    for source, rec in _cards_by_source(store).items():
+        under = any(source.startswith(d.rstrip(os.sep) + os.sep) for d in dirs)
+        if under and source not in seen_sources and not os.path.exists(source):
+            gone.append(Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True))
+    if gone:
+        ctx.check_cancelled()
+        store.commit(gone)
+    return len(gone)
 
 
 class _Moves:
