@@ -289,56 +289,16 @@ class HttpClient:
                     data = self._read_limited(resp, purpose, host)
             except httpx.TransportError as exc:
                 retry_after = None
-                reason, retryable = describe_transport_error(exc)
                 log.info("POST %s -> %s (attempt %d/%d)", host, type(exc).__name__, attempt + 1, attempts)
-                if isinstance(exc, httpx.TimeoutException):
-                    which = "connect_timeout_seconds" if isinstance(exc, httpx.ConnectTimeout) else "timeout_seconds"
-                    last = HttpTimeout(
-                        f"the {purpose} service at {host} gave {reason} ({_attempts(attempt + 1)}): "
-                        f"try again later, or raise rag.http.{which}"
-                    )
-                else:
-                    last = HttpError(
-                        f"cannot reach the {purpose} service at {host}: {reason} ({_attempts(attempt + 1)}); "
-                        "check the URL, the network and the proxy settings"
-                    )
+                last, retryable = _transport_error(exc, purpose, host, attempt + 1)
                 if not retryable:
                     raise last from None
                 continue
-            if 300 <= status < 400:
-                raise RedirectRefused(
-                    f"the {purpose} URL {parsed.shown} answered with a redirect (HTTP {status}), which is not "
-                    "followed: configure the final URL of the service"
-                )
-            if status in (401, 403):
-                raise AuthFailed(
-                    f"the {purpose} service at {host} refused the credentials (HTTP {status}): check the API key "
-                    "in the environment variable named by api_key_env and its permissions"
-                )
-            if status in RETRY_STATUSES:
-                last = HttpError(
-                    f"the {purpose} service at {host} failed with HTTP {status} ({_attempts(attempt + 1)}): "
-                    "try again later"
-                )
-                retry_after = resp.headers.get("Retry-After")
+            refused = _status_error(status, data, purpose, parsed, secrets, attempt + 1)
+            if refused is not None:  # a status worth retrying (the others raise)
+                last, retry_after = refused, resp.headers.get("Retry-After")
                 continue
-            if status >= 400:
-                excerpt = error_excerpt(data, secrets)
-                detail = f": {excerpt}" if excerpt else ""
-                what = "rejected the request" if status < 500 else "failed"
-                raise HttpError(
-                    f"the {purpose} service at {host} {what} (HTTP {status}{detail}); check the model name "
-                    "and the request settings"
-                )
-            if status < 200 or status >= 300:
-                raise InvalidModelOutput(f"the {purpose} service at {host} answered HTTP {status}, not a result")
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise InvalidModelOutput(
-                    f"the {purpose} service at {host} returned a response that is not JSON (HTTP {status}): "
-                    "check that the URL is the service's API endpoint"
-                ) from None
+            return _decode_json(data, purpose, host, status)
         assert last is not None
         raise last
 
@@ -372,3 +332,60 @@ class HttpClient:
 
 def _attempts(n: int) -> str:
     return "1 attempt" if n == 1 else f"{n} attempts"
+
+
+def _transport_error(exc: httpx.TransportError, purpose: str, host: str, attempts: int) -> tuple[HttpError, bool]:
+    """The error a failed connection or exchange is reported as, and whether another attempt may help."""
+    reason, retryable = describe_transport_error(exc)
+    if isinstance(exc, httpx.TimeoutException):
+        which = "connect_timeout_seconds" if isinstance(exc, httpx.ConnectTimeout) else "timeout_seconds"
+        return HttpTimeout(
+            f"the {purpose} service at {host} gave {reason} ({_attempts(attempts)}): "
+            f"try again later, or raise rag.http.{which}"
+        ), retryable
+    return HttpError(
+        f"cannot reach the {purpose} service at {host}: {reason} ({_attempts(attempts)}); "
+        "check the URL, the network and the proxy settings"
+    ), retryable
+
+
+def _status_error(
+    status: int, data: bytes, purpose: str, parsed: ParsedUrl, secrets: list[str], attempts: int
+) -> HttpError | None:
+    """None for a 2xx answer; the error for a status worth retrying; raises for the others."""
+    host = parsed.host
+    if 300 <= status < 400:
+        raise RedirectRefused(
+            f"the {purpose} URL {parsed.shown} answered with a redirect (HTTP {status}), which is not "
+            "followed: configure the final URL of the service"
+        )
+    if status in (401, 403):
+        raise AuthFailed(
+            f"the {purpose} service at {host} refused the credentials (HTTP {status}): check the API key "
+            "in the environment variable named by api_key_env and its permissions"
+        )
+    if status in RETRY_STATUSES:
+        return HttpError(
+            f"the {purpose} service at {host} failed with HTTP {status} ({_attempts(attempts)}): try again later"
+        )
+    if status >= 400:
+        excerpt = error_excerpt(data, secrets)
+        detail = f": {excerpt}" if excerpt else ""
+        what = "rejected the request" if status < 500 else "failed"
+        raise HttpError(
+            f"the {purpose} service at {host} {what} (HTTP {status}{detail}); check the model name "
+            "and the request settings"
+        )
+    if status < 200 or status >= 300:
+        raise InvalidModelOutput(f"the {purpose} service at {host} answered HTTP {status}, not a result")
+    return None
+
+
+def _decode_json(data: bytes, purpose: str, host: str, status: int) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise InvalidModelOutput(
+            f"the {purpose} service at {host} returned a response that is not JSON (HTTP {status}): "
+            "check that the URL is the service's API endpoint"
+        ) from None

@@ -147,51 +147,9 @@ def download_file(
         state = _open_part(part, size)
     except OSError as exc:
         raise _write_error(final, exc) from None
-    failures = 0
     try:
-        while True:
-            if cancel is not None:
-                cancel()
-            if state.offset < size or size == 0:
-                if state.no_range and state.offset:
-                    state.restart()  # cannot resume from this mirror: the whole file again
-                before = state.offset
-                try:
-                    _attempt(http, url, state, size=size, name=name, purpose=purpose, deadline=deadline,
-                             progress=progress, cancel=cancel)
-                except _Retry as r:
-                    if r.restart:
-                        state.restart()
-                    if r.bad_resume:
-                        if state.no_range:
-                            raise _bad_resume_error(url, name) from None
-                        # Fall back once to downloading the whole file without Range. From now on
-                        # received bytes are not progress (each attempt starts over), so every
-                        # failed attempt counts against the retry limit.
-                        state.no_range = True
-                        failures += 1
-                    else:
-                        failures = 0 if state.offset > before and not state.no_range else failures + 1
-                    if failures > cfg.retries:
-                        raise (_bad_resume_error(url, name, whole_failed=True) if state.no_range else r.error) from None
-                    delay = retry_delay(max(0, failures - 1), cfg, r.retry_after)
-                    if time.monotonic() + delay > deadline:
-                        raise _budget_error(name, cfg.download_timeout_seconds) from None
-                    log.info("GET %s retry %d in %.2fs", host_of(url), failures, delay)
-                    _sleep(delay, cancel)
-                    continue
-            if state.offset != size or state.hasher.hexdigest() != sha256.lower():
-                if state.resumed_from_disk:
-                    # The bytes kept from an earlier run may be the culprit: start over once.
-                    log.info("download of %s failed its digest after resuming; starting over", name)
-                    state.restart()
-                    continue
-                raise DigestMismatch(
-                    f"the downloaded model file {name} does not match its pinned SHA-256 (the mirror serves "
-                    "different bytes); nothing was installed: check rag.model_download_base_url, then run "
-                    "`memories rag model-install` again"
-                )
-            break
+        _fill(http, url, state, size=size, sha256=sha256, name=name, purpose=purpose, deadline=deadline,
+              progress=progress, cancel=cancel)
     except DigestMismatch:
         state.fh.close()
         part.unlink(missing_ok=True)
@@ -202,6 +160,79 @@ def download_file(
     except BaseException:
         state.fh.close()  # the .part stays: the next run resumes it
         raise
+    _put_in_place(state, part, final)
+
+
+def _fill(
+    http: HttpClient,
+    url: str,
+    state: _State,
+    *,
+    size: int,
+    sha256: str,
+    name: str,
+    purpose: str,
+    deadline: float,
+    progress: Progress | None,
+    cancel: Callable[[], None] | None,
+) -> None:
+    """Attempt after attempt until the ``.part`` holds ``size`` bytes of digest ``sha256``."""
+    cfg = http.cfg
+    failures = 0
+    while True:
+        if cancel is not None:
+            cancel()
+        if state.offset < size or size == 0:
+            if state.no_range and state.offset:
+                state.restart()  # cannot resume from this mirror: the whole file again
+            before = state.offset
+            try:
+                _attempt(http, url, state, size=size, name=name, purpose=purpose, deadline=deadline,
+                         progress=progress, cancel=cancel)
+            except _Retry as r:
+                failures = _count_failure(r, state, before, failures, retries=cfg.retries, url=url, name=name)
+                delay = retry_delay(max(0, failures - 1), cfg, r.retry_after)
+                if time.monotonic() + delay > deadline:
+                    raise _budget_error(name, cfg.download_timeout_seconds) from None
+                log.info("GET %s retry %d in %.2fs", host_of(url), failures, delay)
+                _sleep(delay, cancel)
+                continue
+        if state.offset != size or state.hasher.hexdigest() != sha256.lower():
+            if state.resumed_from_disk:
+                # The bytes kept from an earlier run may be the culprit: start over once.
+                log.info("download of %s failed its digest after resuming; starting over", name)
+                state.restart()
+                continue
+            raise DigestMismatch(
+                f"the downloaded model file {name} does not match its pinned SHA-256 (the mirror serves "
+                "different bytes); nothing was installed: check rag.model_download_base_url, then run "
+                "`memories rag model-install` again"
+            )
+        return
+
+
+def _count_failure(r: _Retry, state: _State, before: int, failures: int, *, retries: int, url: str, name: str) -> int:
+    """The failures in a row after this one (an attempt that moved the file on resets them); raises
+    when they are more than ``retries``."""
+    if r.restart:
+        state.restart()
+    if r.bad_resume:
+        if state.no_range:
+            raise _bad_resume_error(url, name) from None
+        # Fall back once to downloading the whole file without Range. From now on
+        # received bytes are not progress (each attempt starts over), so every
+        # failed attempt counts against the retry limit.
+        state.no_range = True
+        failures += 1
+    else:
+        failures = 0 if state.offset > before and not state.no_range else failures + 1
+    if failures > retries:
+        raise (_bad_resume_error(url, name, whole_failed=True) if state.no_range else r.error) from None
+    return failures
+
+
+def _put_in_place(state: _State, part: Path, final: Path) -> None:
+    """Make the verified ``.part`` durable and rename it to ``final`` (then the directory durable)."""
     try:
         state.fh.flush()
         os.fsync(state.fh.fileno())
