@@ -290,58 +290,15 @@ def install_model(
     base = base_url or manifest.default_base_url
     check_url(base, purpose="model download")
     base = base.rstrip("/")
-    old_umask = os.umask(0o077)
-    try:
-        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelInstallError(f"cannot create the model directory {dest} ({exc.strerror})") from None
-    finally:
-        os.umask(old_umask)
+    _make_dir(dest)
     try:
         lock_fd = _lock(dest)
     except OSError as exc:
         raise ModelInstallError(f"cannot use the model directory {dest} ({exc.strerror})") from None
     try:
-        results: dict[str, InstalledFile] = {}
-        # Check every present file first: a wrong one stops us before any download.
-        for f in manifest.files:
-            state = _matches(dest / f.path, f)
-            if state is False:
-                raise DigestMismatch(
-                    f"the model file {dest / f.path} is already present but does not match the pinned SHA-256 "
-                    "(it was not overwritten): remove it and run `memories rag model-install` again"
-                )
-            if state:
-                results[f.path] = InstalledFile(f.path, f.size, f.sha256, "reused")
-                if progress is not None:
-                    progress({"file": f.path, "status": "reused"})
-        downloaded_bytes = 0
-        missing = [f for f in manifest.files if f.path not in results]
-        if missing:
-            client = HttpClient(http)
-            try:
-                for f in missing:
-                    if cancel is not None:
-                        cancel()
-                    final = dest / f.path
-                    final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    download_file(
-                        client, f"{base}/{f.path}", final, size=f.size, sha256=f.sha256, name=f.path,
-                        progress=progress, cancel=cancel,
-                    )
-                    downloaded_bytes += f.size
-                    results[f.path] = InstalledFile(f.path, f.size, f.sha256, "downloaded")
-                    if progress is not None:
-                        progress({"file": f.path, "status": "downloaded"})
-            finally:
-                client.close()
-        _write_atomic(dest / "NOTICE", notice_text(manifest))
-        _write_atomic(dest / "UPSTREAM.json", json.dumps(upstream_record(manifest), indent=2) + "\n")
-        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        results = _present_files(manifest, dest, progress)
+        downloaded_bytes = _download_missing(manifest, dest, base, http, results, progress, cancel)
+        _write_upstream(manifest, dest)
     except OSError as exc:
         raise ModelInstallError(
             f"cannot read or write the model directory {dest} ({exc.strerror or 'I/O error'}): free disk space "
@@ -356,6 +313,81 @@ def install_model(
         downloaded_bytes=downloaded_bytes,
         seconds=time.monotonic() - started,
     )
+
+
+def _make_dir(dest: Path) -> None:
+    old_umask = os.umask(0o077)
+    try:
+        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelInstallError(f"cannot create the model directory {dest} ({exc.strerror})") from None
+    finally:
+        os.umask(old_umask)
+
+
+def _present_files(
+    manifest: Manifest, dest: Path, progress: Callable[[dict[str, Any]], None] | None
+) -> dict[str, InstalledFile]:
+    """The manifest files already in ``dest`` with their pinned digest. Every present file is checked
+    first: a wrong one stops the install before any download."""
+    results: dict[str, InstalledFile] = {}
+    for f in manifest.files:
+        state = _matches(dest / f.path, f)
+        if state is False:
+            raise DigestMismatch(
+                f"the model file {dest / f.path} is already present but does not match the pinned SHA-256 "
+                "(it was not overwritten): remove it and run `memories rag model-install` again"
+            )
+        if state:
+            results[f.path] = InstalledFile(f.path, f.size, f.sha256, "reused")
+            if progress is not None:
+                progress({"file": f.path, "status": "reused"})
+    return results
+
+
+def _download_missing(
+    manifest: Manifest,
+    dest: Path,
+    base: str,
+    http: HttpConfig,
+    results: dict[str, InstalledFile],
+    progress: Callable[[dict[str, Any]], None] | None,
+    cancel: Callable[[], None] | None,
+) -> int:
+    """Download the files not in ``results`` (adding them there); the bytes downloaded."""
+    downloaded_bytes = 0
+    missing = [f for f in manifest.files if f.path not in results]
+    if not missing:
+        return 0
+    client = HttpClient(http)
+    try:
+        for f in missing:
+            if cancel is not None:
+                cancel()
+            final = dest / f.path
+            final.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            download_file(
+                client, f"{base}/{f.path}", final, size=f.size, sha256=f.sha256, name=f.path,
+                progress=progress, cancel=cancel,
+            )
+            downloaded_bytes += f.size
+            results[f.path] = InstalledFile(f.path, f.size, f.sha256, "downloaded")
+            if progress is not None:
+                progress({"file": f.path, "status": "downloaded"})
+    finally:
+        client.close()
+    return downloaded_bytes
+
+
+def _write_upstream(manifest: Manifest, dest: Path) -> None:
+    """NOTICE and UPSTREAM.json beside the files, then the directory made durable."""
+    _write_atomic(dest / "NOTICE", notice_text(manifest))
+    _write_atomic(dest / "UPSTREAM.json", json.dumps(upstream_record(manifest), indent=2) + "\n")
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def installed_files_match(manifest: Manifest, dest: Path) -> bool:
