@@ -273,10 +273,42 @@ def build_pack(
     profile = [
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
-    in_profile = {f.id for f in profile_facts}
     req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt, windows=True)
     out = run_search(engine, store, req, ctx)
-    found: list[tuple[Any, Any, float, Any, int]] = []  # (doc, frag, score, record of a fact or conversation, id)
+    found = _found(out, store, {f.id for f in profile_facts})
+    relevant = _relevant(query, out, found)
+    count = _counter(engine)
+    for it in profile + relevant:
+        form: PackItem | None = it
+        while form is not None:
+            form.cost = count(form.body()) + 1
+            form = form.alt
+    trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION}, count)
+    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count, trim)
+    label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
+    items, lines = _render(out, chosen_p, chosen_r, label_cost)
+    note_recalls(app, store, [i["record_id"] for i in items])
+    left_out = len(profile) + len(relevant) - len(items)
+    return {
+        "query": query,
+        "budget": budget,
+        "used_tokens": used,
+        "tokenizer": count.kind,
+        "mode": out.mode,
+        "items": items,
+        "left_out": left_out,
+        "text": "\n".join(lines) + ("\n" if lines else ""),
+        "notices": list(out.notices),
+    }
+
+
+#: A search hit kept for the pack: (doc, fragment, score, the record of a fact or conversation, fragment id).
+Found = tuple[Any, Any, float, Any, int]
+
+
+def _found(out: Any, store: VaultStore, in_profile: set[str]) -> list[Found]:
+    """The search's hits that may go in the pack: not a profile fact again, not empty, still readable."""
+    found: list[Found] = []
     for c in out.hits:
         got = out.fragment(c.frag_id)
         if got is None:
@@ -292,6 +324,11 @@ def build_pack(
             except Exception:  # noqa: BLE001 - changed meanwhile: not in this pack
                 continue
         found.append((doc, frag, c.rerank_score if c.rerank_score is not None else c.score, rec, c.frag_id))
+    return found
+
+
+def _relevant(query: str, out: Any, found: list[Found]) -> list[PackItem]:
+    """The relevant block's candidates, in search order, each with its shorter forms."""
     # A conversation fragment that no longer fits whole may still fit as an excerpt of the few turns
     # that match the query best (conversations.excerpt): the pack then holds more distinct hits.
     convs = [(rec, frag.start, frag.end) for doc, frag, _, rec, _ in found if doc.kind == CONVERSATION]
@@ -321,17 +358,15 @@ def build_pack(
                 last = last.alt
             item.excerpt_first = cut.by_window
         relevant.append(item)
-    count = _counter(engine)
-    for it in profile + relevant:
-        form: PackItem | None = it
-        while form is not None:
-            form.cost = count(form.body()) + 1
-            form = form.alt
-    trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION}, count)
-    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count, trim)
+    return relevant
+
+
+def _render(
+    out: Any, chosen_p: list[PackItem], chosen_r: list[PackItem], label_cost: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chosen items labelled S1, S2... across both blocks, and the pack's lines of text."""
     items: list[dict[str, Any]] = []
     lines: list[str] = []
-    label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
     n = 0
     for heading, block in ((PROFILE_HEADING, chosen_p), (RELEVANT_HEADING, chosen_r)):
         if not block:
@@ -362,19 +397,7 @@ def build_pack(
                     "conversation": it.conversation,
                 }
             )
-    note_recalls(app, store, [i["record_id"] for i in items])
-    left_out = len(profile) + len(relevant) - len(items)
-    return {
-        "query": query,
-        "budget": budget,
-        "used_tokens": used,
-        "tokenizer": count.kind,
-        "mode": out.mode,
-        "items": items,
-        "left_out": left_out,
-        "text": "\n".join(lines) + ("\n" if lines else ""),
-        "notices": list(out.notices),
-    }
+    return items, lines
 
 
 __all__ = ["TokenCounter", "build_pack", "estimate_tokens", "select"]
