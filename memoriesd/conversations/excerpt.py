@@ -31,7 +31,7 @@ from ..vault.records import Record
 from .fragments import TurnSpan, turn_spans
 
 #: Turns an excerpt keeps: the best-matching turn with the one before (often the question) and the
-#: one after (often the answer). Measured with scripts/eval_conversations.py (README, Conversations).
+#: one after (often the answer). Measured with bench/eval_conversations.py (README, Conversations).
 EXCERPT_TURNS = 3
 
 

@@ -25,7 +25,7 @@ from ..vault.records import Record
 
 KIND = "conversation"
 #: Largest fragment, in characters, that grouping whole turns may make: about six turns of chat.
-#: Measured with BM25 on the LoCoMo dev files (scripts/eval_conversations.py, 230 questions):
+#: Measured with BM25 on the LoCoMo dev files (bench/eval_conversations.py, 230 questions):
 #: 1024/12/1 gave recall_all@10 0.83 (768/8/1: 0.77, 512/6/1: 0.73, 1280/16/1: 0.82; the
 #: note-per-session baseline 0.81), and a 1,000-token pack held some evidence for 0.835 (768/8/1:
 #: 0.82). Smaller groups rank one turn better but spread the evidence over more results.

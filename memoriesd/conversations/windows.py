@@ -18,7 +18,7 @@ serve a reader (and multi-hop questions) better: measured both ways (README, Con
 Windows are not search results and not lexical fragments: they live in the vector index only,
 under negative keys derived from their fragment's id (:func:`window_id`), and leave with it.
 
-Measured on the LoCoMo dev files with EmbeddingGemma (scripts/eval_conversations.py; README,
+Measured on the LoCoMo dev files with EmbeddingGemma (bench/eval_conversations.py; README,
 Conversations). Their cost: a fragment of ``n`` turns has ``n - 1`` windows, about twice the
 fragment's text in all, so a conversation takes about three times as long to embed as without them.
 ``[rag] conversation_windows = false`` turns them off.

@@ -49,7 +49,7 @@ class ModelProfile:
     ask_min_cosine: float = 0.25
     # Whether the light reranker (term coverage and phrases over the fused candidates) helps this model.
     light_rerank: bool = True
-    # Facts (README, "Facts"; scripts/calibrate_facts.py, defaults measured on all-MiniLM-L6-v2): two facts of
+    # Facts (README, "Facts"; bench/calibrate_facts.py, defaults measured on all-MiniLM-L6-v2): two facts of
     # one category are one fact at this cosine, or at fact_revise_cosine when the new one says it replaces
     # the old ("actually", "now", "switched"...); `memory forget --scope topic` takes vector matches from
     # forget_min_cosine (query to fragment).
@@ -67,7 +67,7 @@ GEMMA_PROFILE = ModelProfile(
     # Convex fusion, measured through `rag ingest` (README): SciFact and XQuAD-zh are best near
     # alpha = 0.7, where BM25 adds what the much stronger vector side misses.
     vector_weight=2.5,
-    # scripts/calibrate_floor.py, SciFact and XQuAD-zh questions (off-topic: the other set's): 0.30 keeps
+    # bench/calibrate_floor.py, SciFact and XQuAD-zh questions (off-topic: the other set's): 0.30 keeps
     # evidence for 99.2% of on-topic questions and sends 3.8% of off-topic ones on (0.25: 100% / 14.8%).
     ask_min_cosine=0.30,
     fact_same_cosine=0.80,

@@ -338,7 +338,7 @@ class BM25Index:
         little to any score: FTS5 clamps the IDF of a term in more than half of
         the rows to 1e-6, and one in 30 % of them has an IDF of about 0.85
         against 5-9 for the terms that decide a ranking. Measured on SciFact
-        (``scripts/bench_bm25.py``, README): leaving out terms above 30 % cuts
+        (``bench/bench_bm25.py``, README): leaving out terms above 30 % cuts
         the median query time by about a third for -0.002 nDCG@10 (0.6845 to
         0.6828); above 50 % it keeps the ranking exactly. The caller re-runs
         the full OR when the pruned query returns fewer rows than asked for, so

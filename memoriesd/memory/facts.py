@@ -50,10 +50,10 @@ _ATTEMPTS = 3
 
 # ---------------------------------------------------------------------------- sameness rules
 # Pure functions (no numpy, no model); the thresholds they are compared with are calibrated by
-# scripts/calibrate_facts.py (README, "Facts, forgetting and context packs").
+# bench/calibrate_facts.py (README, "Facts, forgetting and context packs").
 
 #: Token-set Jaccard at or above which two facts of one category are the same fact when no
-#: embedding model is available. Calibrated with scripts/calibrate_facts.py: on its 26 same /
+#: embedding model is available. Calibrated with bench/calibrate_facts.py: on its 26 same /
 #: 47 different pairs, 0.45 merges no different pair (the highest is 0.40) and catches the
 #: paraphrases that share most words (3 of 26); revisions that change the value ("tabs" -> "spaces")
 #: share few words and need the model, or a --key.

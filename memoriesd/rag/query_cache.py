@@ -7,7 +7,7 @@ model or prompt never reuses a vector. Entries live only in memory (never sealed
 and a vault's entries are dropped when it locks (:meth:`QueryCache.forget_vault`, registered with
 the vault manager's lock listeners), so lock, auto-lock and restart forget every query it saw.
 ``memory forget`` clears the whole cache. A hit is a dictionary lookup under a lock (micro-seconds:
-``scripts/bench_query_cache.py``).
+``bench/bench_query_cache.py``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
-#: Benchmark switch only (``scripts/bench_first_search.py`` measures before/after in one run): load
+#: Benchmark switch only (``bench/bench_first_search.py`` measures before/after in one run): load
 #: the sidecar whole, decoded to float32, as before streaming. Never set it otherwise.
 _WHOLE_FILE_LOAD = os.environ.get("MEMORIES_BENCH_WHOLE_FILE_VECTORS") == "1"
 #: Spare vectors (not used by a live fragment) kept in memory, as a share of max_vector_mib.

@@ -6,7 +6,7 @@ one "word" to it. We therefore cut Han-script runs with jieba's
 ``cut_for_search`` (which also emits the sub-words of long words, so 中华 finds
 中华人民共和国) and join the pieces with spaces.
 
-Measured by ``scripts/measure_segmentation.py`` (numbers in the module docstring
+Measured by ``bench/measure_segmentation.py`` (numbers in the module docstring
 of that script and the lead's report): running jieba only on Han runs and
 leaving the rest to FTS5 is several times faster on English text and no worse on
 Chinese; jieba applied to everything also breaks accented words apart

@@ -3,7 +3,7 @@
 Vault files (log, head, header, sealed snapshots and sidecars, recall counters, preserved files)
 are written, fsynced, renamed and removed only through the functions below, which call the
 current :class:`FileSystem` — the real one (:mod:`os`) unless a test installed another with
-:func:`installed`. The reliability harness (``scripts/reliability/``) installs one that records
+:func:`installed`. The reliability harness (``tests/support/``) installs one that records
 every write, fsync and rename to rebuild what a power loss at each sync point could leave on
 disk, or that fails a chosen step with ``ENOSPC``/``EIO``. Reads go straight to the file system:
 what matters for durability is what was written and what was made durable.
