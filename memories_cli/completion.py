@@ -19,7 +19,6 @@ import typer
 
 COMPLETE_VAR = "_MEMORIES_COMPLETE"
 DAEMON_WAIT = 0.5  # seconds: a Tab must never hang on a busy daemon
-SHELLS = ("bash", "zsh", "fish")
 
 
 def _home_of(ctx: Any) -> Any:
@@ -115,7 +114,7 @@ def script(shell: str) -> str:
 
     completion_init()
     cls = get_completion_class(shell)
-    if cls is None:  # pragma: no cover - SHELLS are typer's
+    if cls is None:  # pragma: no cover - the shells are typer's
         raise typer.BadParameter(f"unsupported shell {shell}")
     return str(cls(None, {}, "memories", COMPLETE_VAR).source())  # type: ignore[arg-type]
 

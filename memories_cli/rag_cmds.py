@@ -42,7 +42,6 @@ class Progress:
         if self.tty:
             from rich.progress import (
                 BarColumn,
-                DownloadColumn,
                 MofNCompleteColumn,
                 TextColumn,
                 TimeRemainingColumn,
@@ -52,7 +51,6 @@ class Progress:
             self._bar = RichProgress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=False
             )
-            self._download_cols = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
             self._bar.start()
         return self
 

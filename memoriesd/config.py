@@ -230,10 +230,6 @@ _SECRET_HINT = (
 )
 
 
-def _type_name(tp: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, "a table")
-
-
 def _convert(key: str, value: Any, tp: Any) -> Any:
     if tp is bool:
         if not isinstance(value, bool):

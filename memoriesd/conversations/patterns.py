@@ -144,7 +144,7 @@ _CJK_LEAD = re.compile(r"^(?:用|使用|去|在|喝|吃|的|を|は|が|に|で)
 _CJK_PUNCT = re.compile(r"[\s\W_]+", re.UNICODE)
 
 
-def _latin_key(obj: str, stop: frozenset[str], cut: re.Pattern[str], lead_cut: bool = True) -> str:
+def _latin_key(obj: str, stop: frozenset[str], cut: re.Pattern[str]) -> str:
     obj = re.sub(r"(?i)^(?:to|de|d'|à)\s+", "", obj.strip())
     m = cut.search(obj)
     head = obj[: m.start()] if m and m.start() > 0 else obj

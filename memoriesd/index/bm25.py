@@ -191,11 +191,6 @@ class BM25Index:
         """Whether FTS5 rows exist (a lexical query ran, or the index was restored)."""
         return self._has_rows
 
-    def pending_fragments(self) -> int:
-        """Fragments added whose rows are not written yet."""
-        with self._lock:
-            return sum(len(ids) for _, ids in self._pending.values())
-
     def purge(self) -> None:
         """Merge each table into one segment and rebuild the database without free pages, so that
         nothing of removed rows is left in its bytes (before a snapshot after ``vault compact``)."""

@@ -192,13 +192,6 @@ class VectorIndex:
             return quantize_int8(rows)
         return self._encode(normalize_rows(rows))
 
-    def reserve(self, rows: int) -> None:
-        """Room for ``rows`` rows in all (at most what ``max_vector_mib`` allows), so adding many
-        small batches (a sidecar read a chunk at a time) does not regrow the buffer each time."""
-        if self.max_vector_mib is not None:
-            rows = min(rows, int(self.max_vector_mib * MIB) // bytes_per_vector(self.dims, self.precision))
-        self._reserve(rows)
-
     @staticmethod
     def _f16_bits_to_f32(half: np.ndarray, out: np.ndarray) -> np.ndarray:
         """float16 bit patterns (int16) to float32 values scaled by 2^-112 (exact, subnormals

@@ -60,7 +60,6 @@ class Job:
     embedded: int = 0  # fragments with a vector (of total)
     total: int = 0
     skipped: int = 0
-    done_this_run: int = 0
     rate: float | None = None  # fragments per second (recent)
     error: str | None = None
     started: float = 0.0
@@ -211,7 +210,7 @@ class BackgroundIndexer:
             skipped = engine.skipped_count(space)
             job = self.job(vault_id)
             if job is not None and job.state != "running":
-                self._set(vault_id, state="running", started=time.monotonic(), done_this_run=0, error=None)
+                self._set(vault_id, state="running", started=time.monotonic(), error=None)
             self._set(vault_id, total=total, embedded=total - len(missing) - skipped, skipped=skipped)
             if not missing:
                 self._set(vault_id, state="done", rate=None)
@@ -231,7 +230,6 @@ class BackgroundIndexer:
                 job = self._jobs[vault_id]
                 recent = n / dt
                 job.rate = recent if job.rate is None else 0.7 * job.rate + 0.3 * recent
-                job.done_this_run += n
                 job.embedded = min(job.total, job.embedded + n)
                 self._cond.notify_all()
             return False

@@ -15,7 +15,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import signal
@@ -549,10 +548,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 0
     sys.exit(code)
-
-
-def json_dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
 
 
 if __name__ == "__main__":

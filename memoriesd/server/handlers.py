@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..errors import KeyringUnavailable, NotFound, UsageError
+from ..errors import KeyringUnavailable, UsageError
 from ..vault.records import KINDS, Record, new_record_id, now
 from ..vault.rekey import RekeyParts
 from ..vault.store import Setting, VaultStore, public_header
@@ -401,7 +401,3 @@ def memory_delete(app: Any, ctx: Context) -> dict[str, Any]:
         tomb = Record(rec.id, rec.revision + 1, rec.kind, "", "", rec.private, (), created=rec.created, updated=now(), deleted=True)
         store.commit([tomb])
     return {"id": rec.id, "deleted": True, "revision": tomb.revision}
-
-
-def not_found(record_id: str) -> NotFound:
-    return NotFound(f"no record {record_id} in this vault")

@@ -21,7 +21,6 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 from ..config import Config
@@ -457,13 +456,6 @@ class VaultManager:
             keyring.delete_password(KEYRING_SERVICE, vault_id)
         except Exception:
             pass
-
-    def forget(self, vault_id: str) -> None:
-        self._keyring_delete(vault_id)
-
-
-def vault_dir_for(home: Home, vault_id: str) -> Path:
-    return home.vaults / vault_id
 
 
 __all__ = ["VaultManager", "MemoriesError"]
