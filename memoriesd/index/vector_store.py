@@ -49,6 +49,7 @@ import numpy as np
 
 from ..errors import MemoriesError
 from ..vault import fsio
+from ..vault.crypto import KeyWiped
 from ..vault.format import fsync_dir
 from .vector_chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
 from .vector_names import (  # noqa: F401 - re-exported: their home before vector_names.py
@@ -80,6 +81,11 @@ Seal = Callable[[bytes, bytes], bytes]
 Open = Callable[[bytes, bytes], bytes]
 
 
+# Errors of this process, not of the file: opening a chunk or commit that raises one of these
+# says nothing about the file, which must then be kept as it is (never discarded as damaged).
+_NOT_DAMAGE = (MemoryError, KeyWiped)
+
+
 class _Damage(Exception):
     """The file is not a readable sidecar of this vault and model (reason is safe to log)."""
 
@@ -92,9 +98,9 @@ class _TakeFailed(Exception):
         self.error = error
 
 
-def _damage_reason(exc: Exception) -> str:
+def _damage_reason(exc: _Damage) -> str:
     """Why a file could not be parsed, safe to log (never its content)."""
-    return str(exc) if isinstance(exc, _Damage) else f"unreadable: {type(exc).__name__}"
+    return str(exc)
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,8 @@ class VectorStore:
             try:
                 plain = self._open(data[start + 2 : start + 2 + n], self._slot_aad(slot, version))
                 gen, chunks, end, chain = _COMMIT.unpack(plain)
+            except _NOT_DAMAGE:
+                raise
             except Exception:
                 continue  # a torn or foreign slot: the other one may still be good
             if best is None or gen > best.generation:
@@ -283,6 +291,8 @@ class VectorStore:
                 raise _Damage("a chunk runs past the committed end")
             try:
                 plain = self._open(blob, self._chunk_aad(number, state.version))
+            except _NOT_DAMAGE:
+                raise
             except Exception as exc:
                 raise _Damage(f"chunk {number} fails authentication") from exc
             chain = _chain(chain, blob)
@@ -365,7 +375,7 @@ class VectorStore:
                     log.warning("vector cache %s cannot be read (%s); its vectors will be recomputed",
                                 self.path.name, exc.strerror)
                     return False
-                except Exception as exc:
+                except _Damage as exc:  # anything else (no memory, a bug) propagates: nothing is discarded
                     log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
                                 self.path.name, _damage_reason(exc))
                     self._discard()
@@ -406,7 +416,10 @@ class VectorStore:
         """Read, open and hand over chunk ``number`` at ``pos``; the position after it."""
         if pos + 4 > state.end:
             raise _Damage("the chunks end before the commit record says")
-        (n,) = _FRAME.unpack(f.read(4))
+        frame = f.read(4)
+        if len(frame) != 4:
+            raise _Damage("the file is truncated")
+        (n,) = _FRAME.unpack(frame)
         if pos + 4 + n > state.end:
             raise _Damage("a chunk runs past the committed end")
         blob = f.read(n)
@@ -415,6 +428,8 @@ class VectorStore:
         digests.append(hashing.submit(_digest, blob) if n >= _THREAD_HASH_BYTES else _digest(blob))
         try:
             plain = self._open(blob, self._chunk_aad(number, state.version))
+        except _NOT_DAMAGE:
+            raise
         except Exception as exc:
             raise _Damage(f"chunk {number} fails authentication") from exc
         chunk = self._chunk(plain, state.version)
@@ -430,11 +445,15 @@ class VectorStore:
             return
         with self._lock:
             old: dict[str, np.ndarray] = {}
-            if self._state is None and self.path.exists():
+            if self._state is None:
+                # Only damage means "start over": a read that fails (EACCES, EIO, EMFILE, no
+                # memory) raises, and nothing is written over the vectors already sealed.
                 try:
-                    self._state, old = self._parse(self.path.read_bytes())
-                except Exception:
-                    self._state = None  # unusable: start over with these entries
+                    parsed = self._read_committed()
+                except OSError as exc:
+                    raise self._write_error(exc) from exc
+                if parsed is not None:
+                    self._state, old = parsed
             if self._state is not None and self._state.version == 1:
                 if not old:
                     old = self._parse(self.path.read_bytes())[1]
@@ -488,7 +507,7 @@ class VectorStore:
             if not self.needs_repack:
                 return None
             tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
-            damaged: Exception | None = None
+            damaged: _Damage | None = None
             try:
                 out = _Repacking(self, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
                 try:
@@ -500,7 +519,7 @@ class VectorStore:
                             raise failed.error from None
                         except OSError:
                             raise
-                        except Exception as exc:  # the source file is damaged
+                        except _Damage as exc:  # the source file is damaged
                             damaged = exc
                     if damaged is None:
                         state = out.finish()
@@ -540,7 +559,7 @@ class VectorStore:
             except FileNotFoundError:
                 return None
             tmp = target.path.with_name(f".{target.path.name}.{secrets.token_hex(6)}.tmp")
-            damaged: Exception | None = None
+            damaged: _Damage | None = None
             try:
                 with src:
                     out = _Repacking(target, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600),
@@ -553,7 +572,7 @@ class VectorStore:
                             raise failed.error from None
                         except OSError:
                             raise
-                        except Exception as exc:  # the source file is damaged
+                        except _Damage as exc:  # the source file is damaged
                             damaged = exc
                         if damaged is None and out.entries + len(out.keys):
                             out.finish()
@@ -648,7 +667,7 @@ class VectorStore:
             return None
         try:
             return self._parse(data)
-        except Exception as exc:
+        except _Damage as exc:
             log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
                         self.path.name, _damage_reason(exc))
             self._discard()
