@@ -106,7 +106,7 @@ def prune(
         out, facts, ("id", "revision", "category", "key", "text", "importance", "recalls", "last_recall", "updated"),
         (["ID", "CATEGORY", "IMPORTANCE", "RECALLS", "UPDATED", "TEXT"], rows, "would be forgotten" if out["dry_run"] else "forgotten"),
         lambda f: md_item(f, title_key="text", extra=f"{f['category']}, importance {f['importance']}, {f['recalls']} recall(s)"),
-        after=[after], empty="nothing to prune",
+        before=out.get("notices", []), after=[after], empty="nothing to prune",
     ))
 
 

@@ -72,13 +72,25 @@ def _spaces_aad(vault_id: str) -> bytes:
     return b"memories/v1/vector-spaces\0" + vault_id.encode("utf-8")
 
 
-def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dict[str, object]]:
+class SpacesDamaged(Exception):
+    """``vector-spaces.bin`` exists but cannot be read or opened (the reason is safe to log)."""
+
+
+def read_spaces(
+    vault_dir: Path, *, vault_id: str, open_: Open, strict: bool = False
+) -> dict[str, dict[str, object]]:
     """``{opaque id: {"identity", "dims", "used"}}`` from ``vector-spaces.bin``; {} when it is
-    missing or unreadable (derived data: never raises)."""
+    missing. When it cannot be read or is damaged: {} with a WARNING (derived data), or with
+    ``strict`` :class:`SpacesDamaged`, for a caller that would otherwise take every sidecar for
+    one of no known model (``memory forget`` removes those)."""
     path = Path(vault_dir) / SPACES_NAME
     try:
         data = path.read_bytes()
-    except OSError:
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        if strict:
+            raise SpacesDamaged(f"unreadable: {exc.strerror}") from exc
         return {}
     try:
         if data[: len(_SPACES_MAGIC)] != _SPACES_MAGIC:
@@ -89,7 +101,11 @@ def read_spaces(vault_dir: Path, *, vault_id: str, open_: Open) -> dict[str, dic
             if _OPAQUE_ID.fullmatch(str(oid)) and isinstance(entry.get("identity"), str) and int(entry["dims"]) > 0:
                 out[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
         return out
+    except MemoryError:
+        raise
     except Exception as exc:
+        if strict:
+            raise SpacesDamaged(_damage_reason(exc)) from exc
         log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, _damage_reason(exc))
         return {}
 

@@ -187,8 +187,11 @@ def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: An
 # ---------------------------------------------------------------------------- purge
 
 
-def _remove_unknown_sidecars(store: VaultStore) -> int:
-    """Remove vector sidecars the vault's space list does not name (they cannot be opened to filter)."""
+def _remove_unknown_sidecars(store: VaultStore) -> tuple[int, str | None]:
+    """Remove vector sidecars the vault's space list does not name (they cannot be opened to
+    filter): (files removed, a notice for the user or None). A space list that cannot be read or
+    opened names nothing: then every sidecar is kept (never deleted for it) and the notice says so."""
+    from ..index.vector_names import SpacesDamaged
     from ..index.vector_store import list_sidecars, read_spaces, sidecar_opaque_id
     from ..rag.vectors import _spaces_lock
     from ..vault import crypto
@@ -197,7 +200,17 @@ def _remove_unknown_sidecars(store: VaultStore) -> int:
     sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
     try:
         with _spaces_lock:
-            spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
+            try:
+                spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open, strict=True)
+            except SpacesDamaged as exc:
+                unknown = len(list_sidecars(store.dir))
+                log.warning("vault %s: the vector space list is damaged (%s); forget kept every vector file (%d)",
+                            store.vault_id, exc, unknown)
+                return 0, (
+                    f"the vector space list is damaged, so {unknown} sealed vector file(s) were kept, not filtered: "
+                    "they may still hold sealed vectors of what was forgotten; removing the vault's vectors-*.bin "
+                    "files removes them (their vectors are computed again when needed)"
+                ) if unknown else None
             for path in list_sidecars(store.dir):
                 if sidecar_opaque_id(path) not in spaces:
                     fsio.unlink(path, missing_ok=True)
@@ -206,7 +219,7 @@ def _remove_unknown_sidecars(store: VaultStore) -> int:
         sealer.wipe()
     if removed:
         fsync_dir(store.dir)
-    return removed
+    return removed, None
 
 
 def _remove_preserved(store: VaultStore) -> int:
@@ -235,11 +248,15 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
     return out
 
 
-def purge(app: Any, store: VaultStore, record_ids: list[str], check: Callable[[], None] | None = None) -> dict[str, Any]:
+def purge(
+    app: Any, store: VaultStore, record_ids: list[str], check: Callable[[], None] | None = None,
+    notices: list[str] | None = None,
+) -> dict[str, Any]:
     """Forget ``record_ids`` and rewrite every vault file that held them (module docstring).
 
     ``check`` runs under the store lock right before the deletions are committed (a grant's
-    validity): when it raises, nothing is forgotten.
+    validity): when it raises, nothing is forgotten. What the user must know (vector files kept
+    because the space list is damaged) is appended to ``notices``.
     """
     from ..index.caches import compact_lexical
     from ..rag.vectors import compact_vectors
@@ -272,7 +289,9 @@ def purge(app: Any, store: VaultStore, record_ids: list[str], check: Callable[[]
     }
     idx = engine.peek_index(store) if engine is not None else None
     out.update(compact_vectors(store, idx))
-    out["vector_files_removed"] = _remove_unknown_sidecars(store)
+    out["vector_files_removed"], kept = _remove_unknown_sidecars(store)
+    if kept is not None and notices is not None:
+        notices.append(kept)
     sidecars = _stamps(store)
     out.update(compact_lexical(store, idx))
     if _stamps(store) != sidecars:

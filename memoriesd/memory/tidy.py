@@ -331,7 +331,7 @@ def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> d
     # No capture revises a conversation, nor remember a fact, between the check and the deletions.
     # Order: "capture" before "facts" (nothing takes them the other way round).
     with live.mutex("capture") if req.kind == "conversation" else contextlib.nullcontext(), live.mutex("facts"):
-        out.update(purge(app, store, list(revisions), check=write_summaries))
+        out.update(purge(app, store, list(revisions), check=write_summaries, notices=out["notices"]))
     out["summaries"] = [
         {"id": r.id, "title": r.title, **{k: r.meta[META_KEY][k] for k in ("from", "to", "replaced", "tokens")}}
         for r in records
@@ -393,7 +393,10 @@ def prune(app: Any, store: VaultStore, req: PruneRequest, ctx: Any) -> dict[str,
         if not req.apply or not records:
             return out
         ctx.check_cancelled()
-        out.update(purge(app, store, [r["id"] for r in records], check=ctx.check_cancelled))
+        notices: list[str] = []
+        out.update(purge(app, store, [r["id"] for r in records], check=ctx.check_cancelled, notices=notices))
+        if notices:
+            out["notices"] = notices
     return out
 
 

@@ -103,7 +103,7 @@ def memory_forget(app: Any, ctx: Context) -> dict[str, Any]:
         ctx.check_cancelled()
         # Checked again under the store lock right before the deletions are committed: a grant revoked
         # or expired by then (or a client gone) forgets nothing.
-        out.update(purge(app, store, [t.record.id for t in targets], check=ctx.check_cancelled))
+        out.update(purge(app, store, [t.record.id for t in targets], check=ctx.check_cancelled, notices=notices))
     return out
 
 
