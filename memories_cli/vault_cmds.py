@@ -174,8 +174,10 @@ def unlock(
         try:
             out = call("vault.unlock", params)
         except MemoriesError as exc:
-            if exc.code != "passphrase_required":
+            if exc.code not in ("passphrase_required", "keyring_unreadable"):
                 raise
+            if exc.code == "keyring_unreadable":
+                notice(f"warning: {exc.message}")  # then ask, as when nothing is remembered
             params["passphrase"] = prompt_secret("Passphrase: ")
             out = call("vault.unlock", params)
     for n in out.pop("notices", []):
@@ -270,6 +272,9 @@ def delete(
             raise typer.Exit(1)
     out = call("vault.delete", {"vault": vault})
     report(out, f"Deleted vault {out['deleted']}.")
+    if not STATE.json:
+        for n in out.get("notices", []):
+            notice(f"warning: {n}")
 
 
 @vault_app.command("compact")

@@ -24,6 +24,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "invalid_params": EXIT_USAGE,
     "query_invalid": EXIT_USAGE,
     "passphrase_required": EXIT_USAGE,
+    "keyring_unreadable": EXIT_USAGE,
     "confirmation_required": EXIT_USAGE,
     "vault_locked": EXIT_LOCKED,
     "bad_passphrase": EXIT_LOCKED,

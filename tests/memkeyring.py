@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from keyring.backend import KeyringBackend
+from keyring.errors import KeyringError, PasswordDeleteError
 
 
 class MemoryKeyring(KeyringBackend):
@@ -51,3 +52,19 @@ class FileKeyring(KeyringBackend):
         data = self._load()
         data.pop(f"{service}\0{username}", None)
         self._path().write_text(json.dumps(data))
+
+
+class DeleteFailingFileKeyring(FileKeyring):
+    """:class:`FileKeyring` whose deletes fail, as a locked or broken OS keyring's do (and as
+    most backends' do for an entry never stored): reads and writes work."""
+
+    def delete_password(self, service: str, username: str) -> None:
+        raise PasswordDeleteError("the keyring is locked")
+
+
+class FailingFileKeyring(DeleteFailingFileKeyring):
+    """:class:`FileKeyring` whose reads and deletes fail, as a locked or broken OS keyring's do
+    (``set_password`` still works, so a vault can be remembered first)."""
+
+    def get_password(self, service: str, username: str) -> str | None:
+        raise KeyringError("the keyring is locked")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from memoriesd.errors import MemoriesError
+from memoriesd.index.vector_store import SPACES_NAME, list_sidecars
 
-from .conftest import short_tmpdir
+from .conftest import REPO, Daemon, cli_json, run_cli, short_tmpdir, write_config
+from .test_forget import _add, _daemon
 from .test_vectors import make_entries, store
 
 NOBODY = 65534
@@ -80,3 +83,78 @@ def test_an_append_to_a_damaged_vector_file_starts_over_and_says_so(tmp_path: Pa
     assert store(path).load().keys() == new.keys()
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(path.name in m and "damaged" in m and "recomputed" in m for m in warned), warned
+
+
+def test_forget_with_a_damaged_vector_space_list_keeps_every_vector_file_and_says_so() -> None:
+    with _daemon() as (d, vid):
+        gone = _add(d, vid, "Ferry", "The ferry to the island leaves at seven.")
+        _add(d, vid, "Tea", "The user likes green tea in the afternoon.")
+        d.call("rag.index", {"vault": vid})
+        vdir = d.home / "vaults" / vid
+        sidecars = {p.name: p.read_bytes() for p in list_sidecars(vdir)}
+        assert sidecars
+        spaces = bytearray((vdir / SPACES_NAME).read_bytes())
+        spaces[-3] ^= 0xFF  # no longer opens
+        (vdir / SPACES_NAME).write_bytes(bytes(spaces))
+        out = cli_json(d.home, "memory", "forget", vid, "--id", gone, "--yes")
+        assert out["forgotten"] == 1 and out["vector_files_removed"] == 0
+        assert {p.name for p in list_sidecars(vdir)} == set(sidecars)
+        assert any("vector" in n and "kept" in n and "damaged" in n for n in out["notices"]), out["notices"]
+        log = d.log_text()
+        assert "vector space list" in log and "kept" in log
+
+
+@contextlib.contextmanager
+def _failing_keyring_daemon(backend: str) -> Iterator[tuple[Daemon, Path]]:
+    """A daemon whose OS keyring (``backend`` in tests/memkeyring.py) stores a key but then fails."""
+    root = short_tmpdir("kr")
+    home, ring = root / "h", root / "keyring.json"
+    write_config(home)
+    env = {"PYTHON_KEYRING_BACKEND": f"tests.memkeyring.{backend}", "PYTHONPATH": str(REPO),
+           "MEMORIES_TEST_KEYRING": str(ring)}
+    d = Daemon(home, env=env).start()
+    try:
+        yield d, ring
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _remembered_vault(d: Daemon, ring: Path) -> tuple[str, str]:
+    """A vault remembered in the keyring: its id and the key the keyring holds."""
+    r = run_cli(d.home, "vault", "create", "kr", "--passphrase-stdin", "--remember", input="pw\n")
+    assert r.returncode == 0 and "keyring" not in r.stderr, r.stderr
+    vid = r.stdout.strip().splitlines()[-1]
+    (stored,) = json.loads(ring.read_text()).values()
+    return vid, stored
+
+
+def test_vault_delete_says_when_the_remembered_key_stays_in_the_keyring() -> None:
+    with _failing_keyring_daemon("DeleteFailingFileKeyring") as (d, ring):
+        vid, key = _remembered_vault(d, ring)
+        r = run_cli(d.home, "vault", "delete", vid, "--yes")
+        assert r.returncode == 0, r.stderr
+        assert not (d.home / "vaults" / vid).exists()
+        assert [key] == list(json.loads(ring.read_text()).values())  # the keyring really still holds it
+        warning = [line for line in r.stderr.splitlines() if "keyring" in line]
+        assert len(warning) == 1 and "could not be removed" in warning[0] and vid in warning[0], r.stderr
+        out = cli_json(d.home, "vault", "create", "kr2", "--passphrase-stdin", input="pw\n")
+        out = cli_json(d.home, "vault", "delete", out["vault_id"], "--yes")
+        assert "notices" not in out  # nothing was remembered for that one (the keyring says so): nothing to say
+        log = d.log_text()
+        assert f"vault {vid}" in log and "could not be removed from the OS keyring" in log
+        assert key not in log
+
+
+def test_unlock_says_the_keyring_could_not_be_read_not_that_no_key_is_remembered() -> None:
+    with _failing_keyring_daemon("FailingFileKeyring") as (d, ring):
+        vid, key = _remembered_vault(d, ring)
+        assert run_cli(d.home, "vault", "lock", vid).returncode == 0
+        r = run_cli(d.home, "vault", "unlock", vid)  # no terminal to ask for the passphrase instead
+        assert r.returncode == 2, r.stderr
+        warning, error = r.stderr.splitlines()
+        assert warning.startswith("warning: the OS keyring could not be read") and vid in warning
+        assert error.startswith("error[usage]: no terminal to ask for the passphrase")
+        assert run_cli(d.home, "vault", "unlock", vid, "--passphrase-stdin", input="pw\n").returncode == 0
+        log = d.log_text()
+        assert "keyring could not be read" in log and key not in log

@@ -199,7 +199,11 @@ def rekey_parts() -> RekeyParts:
 
 @method("vault.delete")
 def vault_delete(app: Any, ctx: Context) -> dict[str, Any]:
-    return {"deleted": app.vaults.delete(ctx.params.text("vault", allow_empty=False))}
+    notices: list[str] = []
+    out: dict[str, Any] = {"deleted": app.vaults.delete(ctx.params.text("vault", allow_empty=False), notices)}
+    if notices:
+        out["notices"] = notices  # the remembered key could not be removed from the OS keyring
+    return out
 
 
 @method("vault.compact")

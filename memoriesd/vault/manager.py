@@ -13,7 +13,6 @@ parallel guesses wait one after another, and the count survives a daemon restart
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import shutil
@@ -41,10 +40,10 @@ from .format import HEADER_NAME, atomic_write, read_header
 from .live import LiveVault, locked_error
 from .records import new_record_id
 from .rekey import RekeyParts
+from .remembered import KEYRING_SERVICE, KeyringUnreadable, forget_key, remember_key, remembered_key  # noqa: F401 - KEYRING_SERVICE: its old home
 from .store import KdfParams, VaultStore, public_header, unwrap_key
 
 log = logging.getLogger("memoriesd.vault")
-KEYRING_SERVICE = "memories-vault"
 FAILURES_NAME = "unlock-failures"  # wrong-passphrase count (a plain integer: not secret)
 T = TypeVar("T")
 
@@ -327,13 +326,17 @@ class VaultManager:
             idle = [vid for vid, e in self._unlocked.items() if e.is_open and not e.leases and now - e.last_used >= limit]
         return [v for v in idle if self.lock(v, "auto-lock")]
 
-    def delete(self, ref: str) -> str:
+    def delete(self, ref: str, notices: list[str] | None = None) -> str:
+        """Delete a vault's files and its remembered key; when the key may still be in the OS
+        keyring (its delete failed), the notice saying so is appended to ``notices``."""
         vault_id = self.resolve(ref)
         with self._gate(vault_id):
             self._close(vault_id, "delete")
-            self._keyring_delete(vault_id)
+            left = self._keyring_delete(vault_id)
             shutil.rmtree(self.home.vaults / vault_id)
         log.info("vault %s deleted", vault_id)
+        if left is not None and notices is not None:
+            notices.append(left)
         return vault_id
 
     def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
@@ -400,7 +403,11 @@ class VaultManager:
                 else:
                     store.close()
                 raise
-            remembered = self._keyring_get(vault_id)
+            try:
+                remembered = self._keyring_get(vault_id)
+            except KeyringUnreadable:  # logged; a key kept there would open nothing now
+                remembered = None
+                self._keyring_delete(vault_id)
             if remembered is not None:
                 crypto.wipe(remembered)
                 try:
@@ -422,40 +429,15 @@ class VaultManager:
         """Keep the vault key in the OS keyring so unlock needs no passphrase."""
         if getattr(store.key, "wiped", False):
             raise VaultLocked(f"vault {store.name} was locked: unlock it again")
-        try:
-            import keyring
-            import keyring.errors
-
-            keyring.set_password(KEYRING_SERVICE, store.vault_id, base64.b64encode(bytes(store.key)).decode("ascii"))
-        except Exception as exc:
-            # keyring.errors.NoKeyringError is the normal state on headless machines.
-            raise KeyringUnavailable(
-                "no OS keyring is available here, so the passphrase is not remembered: the vault works with "
-                "its passphrase"
-            ) from exc
+        remember_key(store.vault_id, store.key)
 
     def _keyring_get(self, vault_id: str) -> bytearray | None:
-        try:
-            import keyring
+        """The remembered key or None; :class:`KeyringUnreadable` when the keyring fails to answer."""
+        return remembered_key(vault_id)
 
-            value = keyring.get_password(KEYRING_SERVICE, vault_id)
-        except Exception:
-            return None
-        if not value:
-            return None
-        try:
-            key = bytearray(base64.b64decode(value))
-        except ValueError:
-            return None
-        return key if len(key) == crypto.KEY_BYTES else None
-
-    def _keyring_delete(self, vault_id: str) -> None:
-        try:
-            import keyring
-
-            keyring.delete_password(KEYRING_SERVICE, vault_id)
-        except Exception:
-            pass
+    def _keyring_delete(self, vault_id: str) -> str | None:
+        """Remove the remembered key; a notice for the user when it may still be in the keyring."""
+        return forget_key(vault_id)
 
 
 __all__ = ["VaultManager", "MemoriesError"]

@@ -517,7 +517,11 @@ class Router:
             w = self.live(vault_id)
             if w is not None:
                 self._end(w, "delete")
-            return {"deleted": app.vaults.delete(vault_id)}
+            notices: list[str] = []
+            out: dict[str, Any] = {"deleted": app.vaults.delete(vault_id, notices)}
+            if notices:
+                out["notices"] = notices  # the remembered key could not be removed from the OS keyring
+            return out
 
     def _daemon_status(self, app: Any, ctx: Context) -> dict[str, Any]:
         out = handlers.daemon_status(app, ctx)
