@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from memoriesd.errors import MemoriesError
+from memoriesd.index.vector_names import SpacesDamaged, read_spaces, register_in_spaces, write_spaces
 from memoriesd.index.vector_store import SPACES_NAME, list_sidecars
 
 from .conftest import REPO, Daemon, cli_json, run_cli, short_tmpdir, write_config
 from .test_forget import _add, _daemon
-from .test_vectors import make_entries, store
+from .test_vectors import KEY, StdlibSeal, make_entries, store
 
 NOBODY = 65534
 
@@ -102,6 +103,25 @@ def test_forget_with_a_damaged_vector_space_list_keeps_every_vector_file_and_say
         assert any("vector" in n and "kept" in n and "damaged" in n for n in out["notices"]), out["notices"]
         log = d.log_text()
         assert "vector space list" in log and "kept" in log
+
+
+def test_a_space_list_written_again_after_damage_still_keeps_other_models_vector_files(tmp_path: Path) -> None:
+    seal = StdlibSeal(KEY)
+    a, b = "a" * 32, "b" * 32
+    for oid in (a, b):
+        (tmp_path / f"vectors-{oid}.bin").write_bytes(b"sealed vectors")
+    write_spaces(tmp_path, {a: {"identity": "model-a", "dims": 24}, b: {"identity": "model-b", "dims": 24}},
+                 vault_id="v", seal=seal.seal)
+    (tmp_path / SPACES_NAME).write_bytes((tmp_path / SPACES_NAME).read_bytes()[:-1])  # damaged
+    with pytest.raises(SpacesDamaged):
+        read_spaces(tmp_path, vault_id="v", open_=seal.open, strict=True)
+    # The vault uses model a again (unlock): the list is written again, naming a only.
+    register_in_spaces(tmp_path, a, {"identity": "model-a", "dims": 24}, vault_id="v", seal=seal.seal, open_=seal.open)
+    assert set(read_spaces(tmp_path, vault_id="v", open_=seal.open)) == {a}
+    with pytest.raises(SpacesDamaged):  # b's file is not named: forget must keep it, not delete it
+        read_spaces(tmp_path, vault_id="v", open_=seal.open, strict=True)
+    register_in_spaces(tmp_path, b, {"identity": "model-b", "dims": 24}, vault_id="v", seal=seal.seal, open_=seal.open)
+    assert set(read_spaces(tmp_path, vault_id="v", open_=seal.open, strict=True)) == {a, b}  # whole again
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..vault import crypto
 from .caches import embed_input
+from .vector_names import register_in_spaces
 from .vector_store import (
     SPACES_NAME,
     VectorStore,
@@ -51,10 +52,9 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
     compaction can open its sidecar and status can count it before the model is loaded."""
     oid = sidecar_id(store.key, identity)
     with _spaces_lock:
-        spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
-        spaces[oid] = {"identity": identity, "dims": int(dims), "used": time.time()}
+        entry = {"identity": identity, "dims": int(dims), "used": time.time()}
         try:
-            write_spaces(store.dir, spaces, vault_id=store.vault_id, seal=sealer.seal)
+            register_in_spaces(store.dir, oid, entry, vault_id=store.vault_id, seal=sealer.seal, open_=sealer.open)
         except OSError as exc:
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 

@@ -73,49 +73,86 @@ def _spaces_aad(vault_id: str) -> bytes:
 
 
 class SpacesDamaged(Exception):
-    """``vector-spaces.bin`` exists but cannot be read or opened (the reason is safe to log)."""
+    """The space list cannot name every sidecar: it cannot be read or opened, or it was written
+    again after it was damaged (sidecars of other models may be unnamed). Reason safe to log."""
+
+
+def _read_doc(vault_dir: Path, vault_id: str, open_: Open) -> dict[str, object] | None:
+    """The opened list; None when missing; :class:`SpacesDamaged` when unreadable or damaged."""
+    try:
+        data = (Path(vault_dir) / SPACES_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SpacesDamaged(f"unreadable: {exc.strerror}") from exc
+    try:
+        if data[: len(_SPACES_MAGIC)] != _SPACES_MAGIC:
+            raise _Damage("not a vector space list of this version")
+        doc = json.loads(open_(data[len(_SPACES_MAGIC) :], _spaces_aad(vault_id)))
+        spaces: dict[str, dict[str, object]] = {}
+        for oid, entry in dict(doc["spaces"]).items():
+            if _OPAQUE_ID.fullmatch(str(oid)) and isinstance(entry.get("identity"), str) and int(entry["dims"]) > 0:
+                spaces[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
+        return {"spaces": spaces, "rebuilt": bool(doc.get("rebuilt", False))}
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise SpacesDamaged(_damage_reason(exc)) from exc
 
 
 def read_spaces(
     vault_dir: Path, *, vault_id: str, open_: Open, strict: bool = False
 ) -> dict[str, dict[str, object]]:
     """``{opaque id: {"identity", "dims", "used"}}`` from ``vector-spaces.bin``; {} when it is
-    missing. When it cannot be read or is damaged: {} with a WARNING (derived data), or with
-    ``strict`` :class:`SpacesDamaged`, for a caller that would otherwise take every sidecar for
-    one of no known model (``memory forget`` removes those)."""
-    path = Path(vault_dir) / SPACES_NAME
+    missing. When it cannot be read or is damaged: {} with a WARNING (derived data). With
+    ``strict`` (a caller that would otherwise take every sidecar for one of no known model, which
+    ``memory forget`` removes) :class:`SpacesDamaged` instead, also when the list was written
+    again after damage (:func:`register_in_spaces`) while sidecars it does not name remain."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
+        doc = _read_doc(vault_dir, vault_id, open_)
+    except SpacesDamaged as exc:
         if strict:
-            raise SpacesDamaged(f"unreadable: {exc.strerror}") from exc
+            raise
+        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, exc)
         return {}
+    if doc is None:
+        return {}
+    spaces: dict[str, dict[str, object]] = doc["spaces"]  # type: ignore[assignment]
+    if strict and doc["rebuilt"] and any(sidecar_opaque_id(p) not in spaces for p in list_sidecars(vault_dir)):
+        raise SpacesDamaged("it was written again after damage, so it may not name every model's vectors")
+    return spaces
+
+
+def register_in_spaces(
+    vault_dir: Path, oid: str, entry: Mapping[str, object], *, vault_id: str, seal: Seal, open_: Open
+) -> None:
+    """Add or refresh one space (read, modify, write: the caller serialises). A damaged list is
+    replaced by one marked ``rebuilt`` (logged): the sidecars of the models it named are kept, and
+    stay kept by ``memory forget`` (:func:`read_spaces` strict) until each is named again or gone."""
     try:
-        if data[: len(_SPACES_MAGIC)] != _SPACES_MAGIC:
-            raise _Damage("not a vector space list of this version")
-        doc = json.loads(open_(data[len(_SPACES_MAGIC) :], _spaces_aad(vault_id)))
-        out: dict[str, dict[str, object]] = {}
-        for oid, entry in dict(doc["spaces"]).items():
-            if _OPAQUE_ID.fullmatch(str(oid)) and isinstance(entry.get("identity"), str) and int(entry["dims"]) > 0:
-                out[str(oid)] = {"identity": entry["identity"], "dims": int(entry["dims"]), "used": float(entry.get("used", 0))}
-        return out
-    except MemoryError:
-        raise
-    except Exception as exc:
-        if strict:
-            raise SpacesDamaged(_damage_reason(exc)) from exc
-        log.warning("vector space list %s is damaged (%s); ignored", SPACES_NAME, _damage_reason(exc))
-        return {}
+        doc = _read_doc(vault_dir, vault_id, open_)
+    except SpacesDamaged as exc:
+        log.warning("vector space list %s is damaged (%s); written again with this model only: the vector "
+                    "files of other models are kept until each is used again", SPACES_NAME, exc)
+        doc = {"spaces": {}, "rebuilt": True}
+    if doc is None:
+        doc = {"spaces": {}, "rebuilt": False}
+    spaces: dict[str, dict[str, object]] = doc["spaces"]  # type: ignore[assignment]
+    spaces[oid] = dict(entry)
+    rebuilt = bool(doc["rebuilt"]) and any(sidecar_opaque_id(p) not in spaces for p in list_sidecars(vault_dir))
+    write_spaces(vault_dir, spaces, vault_id=vault_id, seal=seal, rebuilt=rebuilt)
 
 
 def write_spaces(
-    vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal, name: str = SPACES_NAME
+    vault_dir: Path, spaces: Mapping[str, Mapping[str, object]], *, vault_id: str, seal: Seal, name: str = SPACES_NAME,
+    rebuilt: bool = False,
 ) -> None:
     """Replace ``vector-spaces.bin`` (or ``name``: a key change stages it) atomically (temp file
-    0600, fsync, rename, fsync dir)."""
-    plain = json.dumps({"spaces": {k: dict(v) for k, v in spaces.items()}}, sort_keys=True).encode("utf-8")
+    0600, fsync, rename, fsync dir). ``rebuilt``: written after damage (:func:`register_in_spaces`)."""
+    doc: dict[str, object] = {"spaces": {k: dict(v) for k, v in spaces.items()}}
+    if rebuilt:
+        doc["rebuilt"] = True
+    plain = json.dumps(doc, sort_keys=True).encode("utf-8")
     atomic_write(Path(vault_dir) / name, _SPACES_MAGIC + seal(plain, _spaces_aad(vault_id)))
 
 
