@@ -1,7 +1,7 @@
 """The one error tree of Memories.
 
 Every failure a user can see is a :class:`MemoriesError` with a stable ``code``
-(documented in README) and a message that is the user's explanation: what went
+(documented in docs/commands.md, "Error codes") and a message that is the user's explanation: what went
 wrong and what to do. Dependency errors are translated at the boundary
 (``raise SomeError(...) from exc``). Messages never contain note text, titles,
 passphrases or keys.
@@ -11,7 +11,7 @@ The CLI maps codes to exit codes with :func:`exit_code_for`.
 
 from __future__ import annotations
 
-# Exit codes of the CLI (stable, documented in README).
+# Exit codes of the CLI (stable, documented in docs/commands.md).
 EXIT_OTHER = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3

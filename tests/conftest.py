@@ -26,7 +26,7 @@ SHARED = REPO.parent / "shared"
 
 def needs_shared(part: str) -> str:
     """Why a test skips (or stops) without the shared models and data sets: what to put beside the clone."""
-    return f"needs ../shared/{part} beside the clone (CI has ../shared; see README, Development)"
+    return f"needs ../shared/{part} beside the clone (CI has ../shared; see docs/development.md)"
 
 # Cheap KDF parameters keep the suite fast; the defaults stay strong (tested separately).
 CHEAP_CONFIG = """

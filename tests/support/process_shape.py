@@ -10,7 +10,7 @@ frozen vault process costs everyone else (issue 27).
   and another vault's search take, and how long ``vault lock`` of the frozen vault takes to end it.
 
 ``tests/test_memory_after_lock.py`` and ``tests/test_process_shape.py`` assert the same properties;
-this section reports the figures (README "The daemon", SECURITY.md "What is wiped").
+this section reports the figures (docs/architecture.md "The process shape", SECURITY.md "What is wiped").
 """
 
 from __future__ import annotations
