@@ -179,17 +179,17 @@ def _sha256(path: Path) -> str:
 
 
 def check_model(ctx: Context) -> list[Finding]:
-    rag = ctx.config.rag
+    emb = ctx.config.embedding
     default_dir = ctx.home.models / "embeddinggemma"
-    model_dir = Path(rag.local_model_dir) if rag.local_model_dir else default_dir
-    remote = rag.embedding.configured
+    model_dir = Path(emb.local.model_dir) if emb.local.model_dir else default_dir
+    remote = emb.service.configured
     install = cli_command("rag", "model-install")
-    if rag.embedding_source == "remote" or (rag.embedding_source == "" and remote):
-        return [Finding("model", OK, "embeddings come from the [rag.embedding] service; no local model is needed")]
+    if emb.effective_source == "remote":
+        return [Finding("model", OK, "embeddings come from the [embedding.service] service; no local model is needed")]
     if not model_dir.is_dir():
-        if rag.embedding_source == "local" or rag.local_model_dir:
+        if emb.source == "local" or emb.local.model_dir:
             return [Finding("model", ACTION, f"no local model in {model_dir}, which config.toml asks for", install)]
-        note = "the [rag.embedding] service embeds meanwhile" if remote else "search is keyword-only (bm25) until one is installed"
+        note = "the [embedding.service] service embeds meanwhile" if remote else "search is keyword-only (bm25) until one is installed"
         return [Finding("model", INFO, f"no local embedding model in {model_dir}: {note}", install)]
     manifest = _manifest()
     upstream = model_dir / "UPSTREAM.json"
@@ -198,7 +198,7 @@ def check_model(ctx: Context) -> list[Finding]:
         has_graph = any((model_dir / g).is_file() for g in GRAPH_CANDIDATES)
         if not has_graph or not (model_dir / "tokenizer.json").is_file():
             return [Finding("model", ACTION, f"{model_dir} has no ONNX graph ({', '.join(GRAPH_CANDIDATES)}) or no "
-                            "tokenizer.json", f"fix [rag] local_model_dir in {ctx.home.config_path}, or run {install}")]
+                            "tokenizer.json", f"fix [embedding.local] model_dir in {ctx.home.config_path}, or run {install}")]
         return [Finding("model", OK, f"custom model in {model_dir} (not the pinned one: its digests are not checked)")]
     assert manifest is not None
     bad: list[str] = []
@@ -257,7 +257,7 @@ def check_caps(ctx: Context) -> list[Finding]:
         return [Finding("caps", ACTION, f"memoriesd did not list the vaults: {exc.message}", cli_command("daemon", "restart"))]
     out: list[Finding] = []
     locked = [v for v in vaults if v.get("locked")]
-    fix = f"raise the cap in [rag.cache] of {ctx.home.config_path}, then {cli_command('daemon', 'restart')}"
+    fix = f"raise the cap in [index] of {ctx.home.config_path}, then {cli_command('daemon', 'restart')}"
     for v in vaults:
         if v.get("locked"):
             continue
@@ -293,9 +293,10 @@ def check_caps(ctx: Context) -> list[Finding]:
 
 
 def _endpoints(ctx: Context) -> list[tuple[str, str]]:
-    rag = ctx.config.rag
-    out = [(f"[rag.{n}]", getattr(rag, n).url) for n in ("embedding", "generation", "rerank") if getattr(rag, n).url]
-    base = rag.model_download_base_url
+    from memoriesd.config import SERVICE_TABLES, service
+
+    out = [(f"[{t}]", service(ctx.config, t).url) for t in SERVICE_TABLES if service(ctx.config, t).url]
+    base = ctx.config.embedding.local.download_url
     if not base:
         manifest = _manifest()
         pattern = str((manifest or {}).get("base_url", ""))
@@ -311,7 +312,7 @@ def check_proxy(ctx: Context) -> list[Finding]:
     from memoriesd.net.urls import parse_url
 
     env = ctx.environ
-    http = ctx.config.rag.http
+    http = ctx.config.http
     out: list[Finding] = []
     for name in PROXY_VARS:
         low, up = env.get(name, "").strip(), env.get(name.upper(), "").strip()
@@ -320,13 +321,13 @@ def check_proxy(ctx: Context) -> list[Finding]:
                                "first), other tools may use the other", f"unset {name.upper()} (or make them equal)"))
     set_vars = [n for n in PROXY_VARS[:3] if env.get(n, "").strip() or env.get(n.upper(), "").strip()]
     if set_vars and not http.use_env_proxy and not http.proxy_url:
-        out.append(Finding("proxy", INFO, f"{', '.join(v.upper() for v in set_vars)} set, but [rag.http] use_env_proxy "
+        out.append(Finding("proxy", INFO, f"{', '.join(v.upper() for v in set_vars)} set, but [http] use_env_proxy "
                            "= false: Memories connects directly"))
     for label, url in _endpoints(ctx):
         try:
             route = proxy_label(proxy_for(parse_url(url, purpose=label), http, env))
         except MemoriesError as exc:
-            out.append(Finding("proxy", ACTION, f"{label}: {exc.message}", "fix the proxy variable or [rag.http] proxy_url"))
+            out.append(Finding("proxy", ACTION, f"{label}: {exc.message}", "fix the proxy variable or [http] proxy_url"))
             continue
         shown = url.split("?", 1)[0]
         out.append(Finding("proxy", OK, f"{label} {shown}: {'direct' if route == 'direct' else 'via ' + route}"))

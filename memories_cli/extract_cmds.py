@@ -15,7 +15,7 @@ EXTRACT_HELP = """Extract facts from a captured conversation.
 Preferences, decisions, habits, actions and other facts, each remembered as a fact (as `memory remember` does: an exact repeat changes nothing, the
 same key revises) that keeps a link to the conversation and the turns it came from (meta "from").
 
-With a [rag.generation] service configured (and allowed by the vault's device-only policy), the model
+With a [generation] service configured (and allowed by the vault's device-only policy), the model
 reads the transcript as untrusted data and must reply with strict JSON: a 2-3 sentence summary (stored
 on the conversation, searchable) and items that cite existing turns; a malformed reply is rejected and
 nothing is written. At most the last 6,000 tokens of a long transcript are sent (a notice says so).

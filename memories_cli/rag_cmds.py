@@ -219,14 +219,14 @@ def status_rows(out: dict[str, Any], vault: str) -> tuple[list[tuple[str, str]],
         rows.append(("Model", f"none, so search is lexical (bm25) only: {emb.get('reason', '')}"))
     else:
         rows.append(("Model", "none, so search is lexical (bm25) only"))
-    if emb.get("served_by") not in (None, "none"):  # which embedder serves this vault and why ([rag] embedding_source)
+    if emb.get("served_by") not in (None, "none"):  # which embedder serves this vault and why ([embedding] source)
         rows.append(("Served by", f"{emb['served_by']}: {emb.get('reason', '')}"))
     watches = out.get("watch", [])
     for i, w in enumerate(watches):
         rows.append(("Watching" if i == 0 else "", _watch_line(w)))
     hints: list[tuple[str, str]] = []
     if out["index"] == "over_cap":
-        hints.append((f"edit [rag.cache] in {STATE.home.config_path}", "raise the cap named above, then run `memories daemon restart`"))
+        hints.append((f"edit [index] in {STATE.home.config_path}", "raise the cap named above, then run `memories daemon restart`"))
     if not records:
         hints.append((cli_command("rag", "ingest", vault, "FOLDER", "-r"), "add Markdown and text files (or `memories memory add`)"))
     if not emb.get("available"):
@@ -271,7 +271,7 @@ def watch(
     """Keep a folder in sync with the vault while it is unlocked.
 
     New and changed files are ingested by the daemon, moved files keep their cards, and changes made
-    while the vault was locked are caught up at unlock. Writes a [[rag.watch]] table to config.toml
+    while the vault was locked are caught up at unlock. Writes a [[watch.folder]] table to config.toml
     (comments kept) and applies it at once. Running it again for the same folder changes its options.
     """
     from .watch_config import WatchEntry, set_watch
@@ -303,7 +303,7 @@ def unwatch(
 ) -> None:
     """Stop keeping a folder in sync.
 
-    Removes its [[rag.watch]] table from config.toml (comments kept) and applies it at once. Cards
+    Removes its [[watch.folder]] table from config.toml (comments kept) and applies it at once. Cards
     already made from the folder stay in the vault.
     """
     from .watch_config import WatchEntry, remove_watch

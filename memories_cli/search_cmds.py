@@ -103,10 +103,10 @@ def search(
     limit: Limit = 10,
     cards_only: CardsOnly = False,
     no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [rag] ask_min_cosine); -1 shows the nearest fragments however far.")] = None,
-    rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default [rag] rrf_k = 60).")] = None,
-    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default [rag] vector_weight, else the model's).")] = None,
-    fusion: Annotated[Literal["convex", "rrf"] | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default [rag] fusion.")] = None,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [search] min_cosine); -1 shows the nearest fragments however far.")] = None,
+    rrf_k: Annotated[int | None, typer.Option("--rrf-k", help="Reciprocal rank fusion k (default 60).")] = None,
+    vector_weight: Annotated[float | None, typer.Option("--vector-weight", help="Hybrid: the vector side's weight, BM25's being 1 (default: the model's measured weight).")] = None,
+    fusion: Annotated[Literal["convex", "rrf"] | None, typer.Option("--fusion", help="Hybrid: convex (normalised scores) or rrf (reciprocal ranks); default convex.")] = None,
     kind: Kind = None,
     category: Category = None,
     tag: Tag = None,
@@ -204,7 +204,7 @@ def ask(
     limit: Annotated[int, typer.Option("--limit", help="How many fragments to send (1-100).")] = 8,
     match_mode: MatchMode = "any",
     no_rerank: NoRerank = False,
-    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [rag] ask_min_cosine, else the model's calibrated floor).")] = None,
+    min_score: Annotated[float | None, typer.Option("--min-score", help="Cosine floor below which vector neighbours are not evidence (default [search] min_cosine, else the model's calibrated floor).")] = None,
     format_: FormatOpt = None,
     verbose: VerboseOpt = False,
     color: ColorOpt = "auto",
@@ -212,7 +212,7 @@ def ask(
     """Answer a question from the vault, citing its sources.
 
     The answer comes first, then its sources [S1], [S2]... with their files and lines.
-    The answer comes from the [rag.generation] service set in config.toml, given only the fragments
+    The answer comes from the [generation] service set in config.toml, given only the fragments
     found for the question; without evidence it says so instead of guessing. --format jsonl, csv
     and files list the cited sources; md gives the answer and its sources.
     """
@@ -260,7 +260,7 @@ def ask(
 def context(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
     query: Annotated[str, typer.Argument(help="What the assistant is about to work on.")],
-    budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [rag] context_budget = 1000).")] = None,
+    budget: Annotated[int | None, typer.Option("--budget", help="Most tokens the pack may use (default [context] budget = 1000).")] = None,
     kind: Kind = None,
     category: Category = None,
     tag: Tag = None,

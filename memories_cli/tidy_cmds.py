@@ -41,7 +41,7 @@ def summarize(
 ) -> None:
     """Condense old conversations (or facts) into one summary record.
 
-    The [rag.generation] service writes the summary. Without --apply it lists the candidates and their token total and changes nothing. With --apply the
+    The [generation] service writes the summary. Without --apply it lists the candidates and their token total and changes nothing. With --apply the
     records are sent to the service as untrusted data; only when every reply is a valid summary is the
     summary written (kind memory, tag summary) and the originals forgotten for real, as `memory forget`
     does. Cannot be undone. Never runs on its own."""

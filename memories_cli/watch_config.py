@@ -1,4 +1,7 @@
-"""The ``[[rag.watch]]`` tables of config.toml, edited for `memories rag watch` and `rag unwatch`.
+"""The ``[[watch.folder]]`` tables of config.toml, edited for `memories rag watch` and `rag unwatch`.
+
+A file of the old layout may still hold ``[[rag.watch]]`` tables (read for a release): a folder is
+found in either, and a new one is always written as ``[[watch.folder]]``.
 
 The file is edited with tomlkit, so the user's comments, key order and formatting stay as they
 were. The new text is checked with the daemon's own parser before it replaces the file (atomically,
@@ -58,18 +61,32 @@ def _load(config_path: Path) -> Any:
         raise ConfigError(f"config file {config_path} is not valid TOML ({exc}): fix the line it names") from None
 
 
-def _tables(doc: Any, config_path: Path) -> Any:
-    """The ``rag.watch`` array of tables, or None."""
+#: (table, key) of the arrays of watch tables: the new one first, then the old spelling.
+_ARRAYS = (("watch", "folder"), ("rag", "watch"))
+
+
+def _array(doc: Any, table: str, key: str, config_path: Path) -> Any:
+    """The ``table.key`` array of tables, or None."""
     from tomlkit.items import AoT
 
-    rag = doc.get("rag")
-    watches = rag.get("watch") if rag is not None and hasattr(rag, "get") else None
+    parent = doc.get(table)
+    watches = parent.get(key) if parent is not None and hasattr(parent, "get") else None
     if watches is not None and not isinstance(watches, AoT):
         raise ConfigError(
-            f"config key rag.watch in {config_path} is not written as [[rag.watch]] tables: "
-            "rewrite it as one [[rag.watch]] table per folder, then run the command again"
+            f"config key {table}.{key} in {config_path} is not written as [[{table}.{key}]] tables: "
+            "rewrite it as one [[watch.folder]] table per folder, then run the command again"
         )
     return watches
+
+
+def _all_tables(doc: Any, config_path: Path) -> list[tuple[str, str, Any]]:
+    """Every array of watch tables in the file, as (table, key, array)."""
+    out = []
+    for table, key in _ARRAYS:
+        arr = _array(doc, table, key, config_path)
+        if arr is not None:
+            out.append((table, key, arr))
+    return out
 
 
 def _matches(table: Any, entry: WatchEntry, base: Path) -> bool:
@@ -151,21 +168,22 @@ def set_watch(config_path: Path, lock_path: Path, entry: WatchEntry) -> str:
     with _locked(lock_path):
         doc = _load(config_path)
         base = config_path.parent.resolve()
-        watches = _tables(doc, config_path)
-        found = [t for t in watches if _matches(t, entry, base)] if watches is not None else []
+        arrays = _all_tables(doc, config_path)
+        found = [t for _, _, arr in arrays for t in arr if _matches(t, entry, base)]
         if found:
             if not _set_options(found[0], entry):
                 return "unchanged"
             change = "updated"
         else:
-            rag = doc.get("rag")
-            if rag is None:
-                rag = tomlkit.table(True)
-                doc.append("rag", rag)
+            watches = _array(doc, "watch", "folder", config_path)
             if watches is None:
+                table = doc.get("watch")
+                if table is None:
+                    table = tomlkit.table(True)
+                    doc.append("watch", table)
                 watches = tomlkit.aot()
                 watches.append(_new_table(entry))
-                rag.append("watch", watches)
+                table.append("folder", watches)
             else:
                 watches.append(_new_table(entry))
             change = "added"
@@ -180,24 +198,25 @@ def remove_watch(config_path: Path, lock_path: Path, entry: WatchEntry) -> int:
     with _locked(lock_path):
         doc = _load(config_path)
         base = config_path.parent.resolve()
-        watches = _tables(doc, config_path)
-        hits = [i for i, t in enumerate(watches) if _matches(t, entry, base)] if watches is not None else []
-        if not hits:
+        arrays = _all_tables(doc, config_path)
+        count = sum(1 for _, _, arr in arrays for t in arr if _matches(t, entry, base))
+        if not count:
             raise NotFound(
-                f"{config_path} has no [[rag.watch]] table for {entry.path} and vault {entry.vault_name}: "
+                f"{config_path} has no [[watch.folder]] table for {entry.path} and vault {entry.vault_name}: "
                 f"`memories rag status {entry.vault_id}` lists the folders it watches"
             )
-        for i in reversed(hits):
-            del watches[i]
-        rag = doc["rag"]
-        if len(watches) == 0:
-            del rag["watch"]
-            if len(rag) == 0 and rag.is_super_table():
-                del doc["rag"]
+        for table, key, watches in arrays:
+            for i in reversed([i for i, t in enumerate(watches) if _matches(t, entry, base)]):
+                del watches[i]
+            parent = doc[table]
+            if len(watches) == 0:
+                del parent[key]
+                if len(parent) == 0 and parent.is_super_table():
+                    del doc[table]
         text = doc.as_string()
         _check(text, config_path)
         _write(config_path, text)
-        return len(hits)
+        return count
 
 
 __all__ = ["WatchEntry", "set_watch", "remove_watch"]

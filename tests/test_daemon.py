@@ -224,17 +224,23 @@ def test_foreign_uid_is_refused_by_peer_credentials(home: Path) -> None:
         msg = _connect_as(nobody, d.socket_path)
         assert msg.get("error", {}).get("code") == "peer_refused", msg
         assert f"refused a connection from uid {nobody}" in d.log_text()
+        # The refusal came from the peer check, not the file modes: the same loosened socket serves the owner.
+        assert d.call("daemon.status")["pid"] == d.proc.pid  # type: ignore[union-attr]
     finally:
         d.stop()
-    # The test-only setting names another allowed uid: the same connection is then served.
-    write_config(home, f"[daemon]\ntest_allow_uid = {nobody}\n")
+
+
+def test_an_old_config_naming_another_uid_admits_nobody_else(home: Path) -> None:
+    """``[daemon] test_allow_uid`` is no longer read: the daemon starts, logs one notice, and keeps its own uid only."""
+    write_config(home, "[daemon]\ntest_allow_uid = 65534\n")
     d = Daemon(home).start()
     try:
-        for p in (home.parent, home, home / "run"):
-            os.chmod(p, 0o711)
-        os.chmod(d.socket_path, 0o666)
-        msg = _connect_as(nobody, d.socket_path)
-        assert msg.get("result", {}).get("pid") == d.proc.pid, msg  # type: ignore[union-attr]
+        assert "[daemon] test_allow_uid is gone" in d.log_text()
+        if os.getuid() == 0:
+            for p in (home.parent, home, home / "run"):
+                os.chmod(p, 0o711)
+            os.chmod(d.socket_path, 0o666)
+            assert _connect_as(65534, d.socket_path).get("error", {}).get("code") == "peer_refused"
     finally:
         d.stop()
 

@@ -17,7 +17,16 @@ from typing import Any
 from ..errors import ConfigError, UrlRefused
 from ..net.urls import check_url
 from .deprecated import migrate
-from .schema import CHOICES, META_FIELDS, PATH_KEYS, RANGES, SERVICE_TABLES, Config, ServiceConfig, WatchConfig
+from .schema import (
+    CHOICES,
+    META_FIELDS,
+    PATH_KEYS,
+    RANGES,
+    SERVICE_TABLES,
+    Config,
+    ServiceConfig,
+    WatchConfig,
+)
 
 # Keys that must never carry a secret value: where a key belongs instead.
 _SECRET_HINT = (

@@ -1,6 +1,6 @@
 """Extraction: from a captured conversation to facts (``memory extract``, and after ``memory capture``).
 
-**Which path.** ``model``: the ``[rag.generation]`` service reads the transcript (turns labelled
+**Which path.** ``model``: the ``[generation]`` service reads the transcript (turns labelled
 T1…Tn, sent as untrusted data, :mod:`.extract_prompt`) and must reply with strict JSON: a 2–3
 sentence summary and facts, decisions, actions and preferences, each citing the turns it comes from.
 ``patterns``: the rules of :mod:`.patterns`, without any model. ``auto`` (the default) takes the model
@@ -53,7 +53,7 @@ MAX_SEND_TOKENS = 6000
 SETTING = "policy.extract"
 ACTION_TAG = "action"
 NOT_CONFIGURED = (
-    "no generation service is configured: add a [rag.generation] table (protocol, url, model, api_key_env) "
+    "no generation service is configured: add a [generation] table (protocol, url, model, api_key_env) "
     "to config.toml and restart the daemon, or extract with the pattern rules (--patterns)"
 )
 
@@ -97,7 +97,7 @@ def record_turns(rec: Record) -> list[PromptTurn]:
 
 def model_refusal(app: Any, store: VaultStore) -> tuple[str, str] | None:
     """Why the model path cannot run for this vault, as ``(code, message)``; None when it can."""
-    gen = app.config.rag.generation
+    gen = app.config.generation
     if not gen.configured:
         return "generation_not_configured", NOT_CONFIGURED
     if bool(store.settings.get("policy.device_only", False)) and not is_loopback_url(gen.url):
@@ -124,7 +124,7 @@ def _plan(app: Any, store: VaultStore, req: ExtractRequest) -> _Plan:
     if refusal is not None:
         code, message = refusal
         why = "no generation service is configured" if code == "generation_not_configured" else (
-            f"device_only: the vault is device-only and the generation service at {host_of(app.config.rag.generation.url)} "
+            f"device_only: the vault is device-only and the generation service at {host_of(app.config.generation.url)} "
             "is not on this device, so nothing was sent"
         )
         return _Plan("patterns", [f"{why}: the pattern rules ran instead"])
@@ -163,7 +163,7 @@ def _ask_model(app: Any, store: VaultStore, rec: Record, turns: list[PromptTurn]
     from ..rag.answer import _run_cancellable
     from ..rag.providers import Generator
 
-    gen = app.config.rag.generation
+    gen = app.config.generation
     app.rag.check_remote_policy(store, gen.url, "generation")  # before any connection
     count = _counter(app.rag)
     chosen, used, total = _select(turns, count, MAX_SEND_TOKENS)

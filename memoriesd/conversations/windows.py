@@ -21,7 +21,7 @@ under negative keys derived from their fragment's id (:func:`window_id`), and le
 Measured on the LoCoMo dev files with EmbeddingGemma (bench/eval_conversations.py; README,
 Conversations). Their cost: a fragment of ``n`` turns has ``n - 1`` windows, about twice the
 fragment's text in all, so a conversation takes about three times as long to embed as without them.
-``[rag] conversation_windows = false`` turns them off.
+``[index] conversation_windows = false`` turns them off.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A profile says how many dimensions the vectors have, how many tokens the model
 reads, and which retrieval prompts wrap queries and documents. EmbeddingGemma
 is built in (recognised from its ``config.json`` or its graph file name); any
 other directory with the same graph signature gets its profile from
-``[rag.local_model]`` overrides, else from its own files (``sentence_bert_config.json``,
+``[embedding.local]`` overrides, else from its own files (``sentence_bert_config.json``,
 ``config.json``) with no prompts.
 """
 
@@ -24,7 +24,7 @@ GRAPH_CANDIDATES: tuple[str, ...] = ("onnx/model_q4.onnx", "model.onnx", "onnx/m
 GEMMA_GRAPH = "onnx/model_q4.onnx"
 DEFAULT_MAX_TOKENS = 512
 
-INSTALL_HINT = "run `memories rag model-install` or set [rag] local_model_dir in config.toml"
+INSTALL_HINT = "run `memories rag model-install` or set [embedding.local] model_dir in config.toml"
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def inferred_max_tokens(model_dir: Path) -> int:
 
 
 def effective_max_tokens(model_max: int, rag_max_tokens: int) -> int:
-    """``[rag] max_tokens``: 0 = the model's maximum; an explicit value is capped at it."""
+    """``[embedding] max_tokens``: 0 = the model's maximum; an explicit value is capped at it."""
     if rag_max_tokens <= 0:
         return model_max
     return min(rag_max_tokens, model_max)
@@ -182,7 +182,7 @@ def resolve_profile(
     """The profile to use for ``model_dir`` and whether it is EmbeddingGemma.
 
     ``graph_dims`` is the width of the graph's ``sentence_embedding`` output. The
-    built-in Gemma profile ignores ``[rag.local_model]`` (that table is for other
+    built-in Gemma profile ignores ``[embedding.local]`` (that table is for other
     models); a smaller ``dimensions`` override means Matryoshka truncation (the
     embedder cuts and re-normalizes), a larger one is refused.
     """
@@ -194,7 +194,7 @@ def resolve_profile(
         dims = ov.dimensions or graph_dims
         if dims > graph_dims:
             raise ModelUnavailable(
-                f"[rag.local_model] dimensions = {dims} is more than the model's {graph_dims}: "
+                f"[embedding.local] dimensions = {dims} is more than the model's {graph_dims}: "
                 "set it to at most that, or 0 to use the model's width"
             )
         base = ModelProfile(
@@ -206,6 +206,6 @@ def resolve_profile(
         )
     if base.max_tokens < 4:
         raise ModelUnavailable(
-            f"the local model's max tokens ({base.max_tokens}) is too small: set [rag.local_model] max_tokens"
+            f"the local model's max tokens ({base.max_tokens}) is too small: set [embedding] max_tokens"
         )
     return replace(base, max_tokens=effective_max_tokens(base.max_tokens, rag_max_tokens)), gemma

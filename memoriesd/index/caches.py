@@ -373,6 +373,10 @@ class IndexCache:
     search or an embedding pass never sees its index closed under it.
     """
 
+    #: Indexes kept by one process. The daemon runs each unlocked vault in its own process, so this
+    #: matters only where one process serves several vaults (tests set it on the instance).
+    max_vaults = 2
+
     def __init__(self, cache_cfg: CacheConfig) -> None:
         self.cfg = cache_cfg
         self._lock = threading.Lock()
@@ -393,7 +397,7 @@ class IndexCache:
         with self._lock:
             self._items[live.vault_id] = live
             self._items.move_to_end(live.vault_id)
-            while len(self._items) > max(1, self.cfg.max_vaults):
+            while len(self._items) > max(1, self.max_vaults):
                 _, old = self._items.popitem(last=False)
                 victims.append(old)
         for old in victims:

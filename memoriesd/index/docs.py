@@ -73,15 +73,15 @@ def index_stats(docs: Iterable[IndexedDoc]) -> IndexStats:
 
 
 def check_caps(n_fragments: int, source_bytes: int, cache: CacheConfig) -> None:
-    """Raise :class:`CapExceeded` when a vault is over the cache caps of ``[rag.cache]``."""
+    """Raise :class:`CapExceeded` when a vault is over the cache caps of ``[index]``."""
     if n_fragments > cache.max_fragments:
         raise CapExceeded(
             f"this vault has {n_fragments:,} fragments, over the cache cap of {cache.max_fragments:,}: "
-            "raise [rag.cache] max_fragments in config.toml"
+            "raise [index] max_fragments in config.toml"
         )
     limit = cache.max_source_mib * _MIB
     if source_bytes > limit:
         raise CapExceeded(
             f"this vault has {source_bytes / _MIB:,.1f} MiB of text, over the cache cap of "
-            f"{cache.max_source_mib:g} MiB: raise [rag.cache] max_source_mib in config.toml"
+            f"{cache.max_source_mib:g} MiB: raise [index] max_source_mib in config.toml"
         )

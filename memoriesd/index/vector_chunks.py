@@ -1,7 +1,7 @@
 """The plaintext of one sealed vector-sidecar chunk: its entry keys and rows, in an encoding.
 
 A chunk of a version-2 sidecar (:mod:`memoriesd.index.vector_store`, ``docs/format.md``) holds its
-rows in the representation the in-memory index keeps (``[rag.cache] vector_precision``), so unlock
+rows in the representation the in-memory index keeps (``[index] vector_precision``), so unlock
 copies them into the index as they are: no float32 decode, no re-quantising, and a quarter of
 float32's bytes to read, open and hash for int8 (the default). Layout (integers big-endian)::
 

@@ -1,6 +1,6 @@
 """In-memory vector index: one contiguous matrix of normalized rows, exact top-k over it.
 
-Rows are held in one of three representations (``[rag.cache] vector_precision``):
+Rows are held in one of three representations (``[index] vector_precision``):
 
 - ``float32``: 4 bytes a dimension; scores are the exact float32 cosines.
 - ``float16``: 2 bytes a dimension (IEEE half). Scoring widens a block of rows to float32 with
@@ -59,12 +59,12 @@ def vector_bytes(count: int, dims: int, precision: str = "float32") -> int:
 
 def check_vector_cap(count: int, dims: int, max_vector_mib: float, precision: str = "float32") -> None:
     """Raise :class:`CapExceeded` when ``count`` vectors of ``dims`` held as ``precision`` exceed
-    ``[rag.cache] max_vector_mib``."""
+    ``[index] max_vector_mib``."""
     size = vector_bytes(count, dims, precision)
     if size > max_vector_mib * MIB:
         raise CapExceeded(
             f"the vector cache would hold {size / MIB:.1f} MiB ({count} vectors of {dims} dimensions as {precision}), "
-            f"over the cache cap of {max_vector_mib:g} MiB of vectors: raise [rag.cache] max_vector_mib in config.toml"
+            f"over the cache cap of {max_vector_mib:g} MiB of vectors: raise [index] max_vector_mib in config.toml"
         )
 
 

@@ -1,6 +1,6 @@
 """The background indexer: one low-priority worker that embeds missing fragments, one vault at a time.
 
-With a local model available and ``[rag] background_index = true`` (the default), a vault is queued
+With a local model available and ``[index] background = true`` (the default), a vault is queued
 after ``rag ingest``, a record change and unlock. The worker embeds its missing fragments in small
 chunks; each chunk takes a lease on the vault (so lock waits for at most one chunk, and cancels the
 rest), yields to query embedding (``RagEngine.embed_missing(..., background=True)``) and is sealed
@@ -103,8 +103,7 @@ class BackgroundIndexer:
     # ------------------------------------------------------------------ requests
 
     def enabled(self) -> bool:
-        rag = self.engine.config.rag
-        return bool(rag.background_index) and self.engine.embedding_source()[0] == "local"
+        return bool(self.engine.config.index.background) and self.engine.embedding_source()[0] == "local"
 
     def request(self, vault_id: str, *, first: bool = False) -> None:
         """Queue ``vault_id`` (``first``: ahead of the others, for `rag index`)."""

@@ -21,7 +21,7 @@ Priority rule: when everything does not fit, the least relevant memories are lef
 next, smaller, one may still fit; a conversation fragment may come as an excerpt of the turns
 that answer, :mod:`memoriesd.conversations.excerpt`: when it does not fit whole, or, when its
 turn window chose the excerpt, once the items before it fill :data:`WHOLE_SHARE` of the room). The profile block is shortened, from its least important end,
-only when it is over ``[rag] context_profile_share`` of the budget while relevant memories wait
+only when it is over :data:`PROFILE_SHARE` of the budget while relevant memories wait
 for the room (when they need less, the profile may use the rest). Budget still left at the end
 takes further profile items that fit.
 
@@ -61,6 +61,8 @@ RELEVANT_HEADING = "## Relevant memories"
 WHOLE_SHARE = 0.5
 MIN_BUDGET = 32
 MAX_BUDGET = 1_000_000
+PROFILE_SHARE = 0.3  # the profile block is shortened only when over this share while memories wait (was [rag] context_profile_share)
+CONTEXT_ITEMS = 20  # search results considered for the relevant block (was [rag] context_items)
 _CJK = re.compile(r"[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff]")
 
 
@@ -267,13 +269,12 @@ def build_pack(
         raise UsageError("give the query the context is for")
     if not MIN_BUDGET <= budget <= MAX_BUDGET:
         raise UsageError(f"--budget is a number of tokens from {MIN_BUDGET} to {MAX_BUDGET:,}")
-    cfg = app.config.rag
     engine = app.rag
     profile_facts = profile_order([f for f in current_facts(store) if flt is None or flt.keeps(f)])
     profile = [
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
-    req = SearchRequest(query=query, mode=mode, limit=cfg.context_items, evidence_floor=True, filters=flt, windows=True)
+    req = SearchRequest(query=query, mode=mode, limit=CONTEXT_ITEMS, evidence_floor=True, filters=flt, windows=True)
     out = run_search(engine, store, req, ctx)
     found = _found(out, store, {f.id for f in profile_facts})
     relevant = _relevant(query, out, found)
@@ -284,7 +285,7 @@ def build_pack(
             form.cost = count(form.body()) + 1
             form = form.alt
     trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION}, count)
-    chosen_p, chosen_r, used = select(profile, relevant, budget, cfg.context_profile_share, count, trim)
+    chosen_p, chosen_r, used = select(profile, relevant, budget, PROFILE_SHARE, count, trim)
     label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
     items, lines = _render(out, chosen_p, chosen_r, label_cost)
     note_recalls(app, store, [i["record_id"] for i in items])

@@ -144,7 +144,7 @@ def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: An
         else:
             space = engine.vector_space(store, idx, embedder)
             missing = space.missing(idx)
-            limit = engine.config.rag.on_demand_embed_limit
+            limit = engine.config.search.on_demand_embed_limit
             if missing:
                 engine.embed_missing(store, idx, space, embedder, missing[:limit], ctx)
                 if len(missing) > limit:

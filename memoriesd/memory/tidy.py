@@ -15,7 +15,7 @@ would always take it).
 ``batch_tokens`` tokens of record text (counted as ``rag context`` counts: the local model's
 tokenizer, else the estimate), so no request grows without bound; a record longer than that on its
 own is left as it is, and at most :data:`MAX_BATCHES` batches are done per run (the rest wait for
-the next run). Each batch is sent to the ``[rag.generation]`` service as untrusted data
+the next run). Each batch is sent to the ``[generation]`` service as untrusted data
 (:mod:`.summary_prompt`) after the vault's device-only policy allowed it, and its reply is checked
 strictly. Only when every batch has a valid summary, and none of the originals changed meanwhile,
 is one record per batch written, and, under the same store lock hold, the originals are forgotten
@@ -66,7 +66,7 @@ MAX_BATCHES = 16
 #: Tokens a record's ``<source ...>`` wrapping adds to its text in the prompt.
 SOURCE_OVERHEAD = 16
 NOT_CONFIGURED = (
-    "no generation service is configured: add a [rag.generation] table (protocol, url, model, api_key_env) "
+    "no generation service is configured: add a [generation] table (protocol, url, model, api_key_env) "
     "to config.toml and restart the daemon (see config.example.toml)"
 )
 
@@ -241,7 +241,7 @@ class SummarizeRequest:
 
 def _generation_notice(engine: Any, store: VaultStore) -> str | None:
     """Why ``--apply`` would be refused, if it would."""
-    gen = engine.config.rag.generation
+    gen = engine.config.generation
     if not gen.configured:
         return NOT_CONFIGURED.replace("no generation service is configured", "--apply needs a generation service")
     try:
@@ -301,7 +301,7 @@ def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> d
         if why:
             notices.append(why)
         return out
-    gen = engine.config.rag.generation
+    gen = engine.config.generation
     if not gen.configured:
         raise GenerationNotConfigured(NOT_CONFIGURED)
     engine.check_remote_policy(store, gen.url, "generation")  # before any connection

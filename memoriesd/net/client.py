@@ -89,7 +89,7 @@ def build_ssl_context(cfg: HttpConfig) -> ssl.SSLContext:
             ctx.load_verify_locations(cafile=cfg.ca_bundle)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
-                f"config key rag.http.ca_bundle = {cfg.ca_bundle!r} cannot be used as a CA file: "
+                f"config key http.ca_bundle = {cfg.ca_bundle!r} cannot be used as a CA file: "
                 "point it at a readable PEM file of CA certificates"
             ) from exc
     return ctx
@@ -160,7 +160,7 @@ def describe_transport_error(exc: httpx.TransportError) -> tuple[str, bool]:
         if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "certificate verify failed" in str(exc):
             return (
                 "its TLS certificate could not be verified; if a TLS-inspecting proxy is in use, "
-                "set rag.http.ca_bundle to its CA file",
+                "set http.ca_bundle to its CA file",
                 False,
             )
         if "SSL" in str(exc):
@@ -341,7 +341,7 @@ def _transport_error(exc: httpx.TransportError, purpose: str, host: str, attempt
         which = "connect_timeout_seconds" if isinstance(exc, httpx.ConnectTimeout) else "timeout_seconds"
         return HttpTimeout(
             f"the {purpose} service at {host} gave {reason} ({_attempts(attempts)}): "
-            f"try again later, or raise rag.http.{which}"
+            f"try again later, or raise http.{which}"
         ), retryable
     return HttpError(
         f"cannot reach the {purpose} service at {host}: {reason} ({_attempts(attempts)}); "

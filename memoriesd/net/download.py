@@ -273,7 +273,7 @@ def _sleep(seconds: float, cancel: Callable[[], None] | None) -> None:
 
 def _budget_error(name: str, seconds: float) -> HttpTimeout:
     return HttpTimeout(
-        f"downloading the model file {name} cannot finish within rag.http.download_timeout_seconds ({seconds:g} s); "
+        f"downloading the model file {name} cannot finish within http.download_timeout_seconds ({seconds:g} s); "
         "the partial file is kept: run `memories rag model-install` again to resume, or raise the limit"
     )
 

@@ -3,7 +3,7 @@
 Rules, in order:
 
 1. a loopback endpoint always connects directly;
-2. an explicit ``rag.http.proxy_url`` is used for every other endpoint;
+2. an explicit ``http.proxy_url`` is used for every other endpoint;
 3. with ``use_env_proxy`` the environment decides: ``https_proxy``/``HTTPS_PROXY``
    (``http_proxy``/``HTTP_PROXY`` for http URLs), else ``all_proxy``/``ALL_PROXY``,
    unless ``no_proxy``/``NO_PROXY`` names the host (curl's semantics: ``*``,
@@ -102,7 +102,7 @@ def proxy_for(url: ParsedUrl, cfg: HttpConfig, environ: Mapping[str, str] | None
     if url.loopback:
         return None
     if cfg.proxy_url:
-        return normalize_proxy_url(cfg.proxy_url, source="rag.http.proxy_url")
+        return normalize_proxy_url(cfg.proxy_url, source="http.proxy_url")
     if not cfg.use_env_proxy:
         return None
     return env_proxy(url.scheme, url.host, environ)

@@ -74,10 +74,10 @@ def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
 
 
 def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
-    gen_cfg = engine.config.rag.generation
+    gen_cfg = engine.config.generation
     if not gen_cfg.configured:
         raise GenerationNotConfigured(
-            "no generation service is configured: add a [rag.generation] table (protocol, url, model, api_key_env) "
+            "no generation service is configured: add a [generation] table (protocol, url, model, api_key_env) "
             "to config.toml and restart the daemon (see config.example.toml)"
         )
     engine.check_remote_policy(store, gen_cfg.url, "generation")

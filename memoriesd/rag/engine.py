@@ -25,11 +25,14 @@ from .vectors import VectorSpace, sealed_status
 log = logging.getLogger("memoriesd.rag")
 
 INSTALL_HINT = (
-    "run `memories rag model-install` to download EmbeddingGemma (about 209 MiB), or set [rag] local_model_dir "
+    "run `memories rag model-install` to download EmbeddingGemma (about 209 MiB), or set [embedding.local] model_dir "
     "to a model directory in config.toml"
 )
 #: `ask`'s evidence floor for a model whose profile names none (remote embedding services).
 DEFAULT_EVIDENCE_FLOOR = 0.25
+# The query-vector cache of each vault process (was [rag] query_cache_items / query_cache_seconds).
+QUERY_CACHE_ITEMS = 1000
+QUERY_CACHE_SECONDS = 300.0
 
 
 def _return_memory() -> None:
@@ -50,7 +53,7 @@ class RagEngine:
         self.app = app
         self.config = app.config
         self.home = app.home
-        self.cache = IndexCache(self.config.rag.cache)
+        self.cache = IndexCache(self.config.index)
         self._embed_lock = threading.Lock()  # one embedding computation at a time
         self._foreground = 0  # foreground embeddings waiting or running: background work yields to them
         self._foreground_lock = threading.Lock()
@@ -77,7 +80,7 @@ class RagEngine:
         from .query_cache import QueryCache
 
         # Query vectors in memory only; a vault's entries go when it locks.
-        self.query_cache = QueryCache(self.config.rag.query_cache_items, self.config.rag.query_cache_seconds)
+        self.query_cache = QueryCache(QUERY_CACHE_ITEMS, QUERY_CACHE_SECONDS)
         app.vaults.on_lock(self.query_cache.forget_vault)
 
     # ------------------------------------------------------------------ plumbing
@@ -99,7 +102,7 @@ class RagEngine:
             self._segment_ready = True
 
     def model_dir(self) -> Path:
-        configured = self.config.rag.local_model_dir
+        configured = self.config.embedding.local.model_dir
         return Path(configured) if configured else self.home.models / "embeddinggemma"
 
     def local_model_present(self) -> bool:
@@ -114,34 +117,34 @@ class RagEngine:
     def embedding_source(self) -> tuple[str, str]:
         """Which embedder serves searches, and why: ``("local" | "remote" | "none", reason)``.
 
-        ``[rag] embedding_source``: ``local``, only the local model; ``remote``, only the
-        [rag.embedding] service; ``auto``, the local model when one is installed, else the service.
-        Not set (the default): the service when [rag.embedding] is configured, else the local model,
-        which is what a config written before the key existed did. A device-only vault never sends
+        ``[embedding] source``: ``local``, only the local model; ``remote``, only the
+        [embedding.service] service; ``auto``, the local model when one is installed, else the service.
+        Not set (the default): derived, the service when [embedding.service] is configured, else the local
+        model. A device-only vault never sends
         text to a service off this device whatever the source (see :meth:`vault_embedding_source`).
         """
-        setting = self.config.rag.embedding_source
-        remote = self.config.rag.embedding.configured
+        setting = self.config.embedding.source
+        remote = self.config.embedding.service.configured
         if setting == "remote" or (setting == "" and remote):
-            why = 'embedding_source = "remote"' if setting else "[rag.embedding] is configured and [rag] embedding_source is not set"
+            why = 'source = "remote"' if setting else "[embedding.service] is configured and [embedding] source is not set"
             return "remote", why
         if self.local_model_present():
             why = {
-                "local": 'embedding_source = "local"',
-                "auto": 'embedding_source = "auto" and a local model is installed',
-            }.get(setting, "no [rag.embedding] service is configured")
+                "local": 'source = "local"',
+                "auto": 'source = "auto" and a local model is installed',
+            }.get(setting, "no [embedding.service] service is configured")
             return "local", f"{why} ({self.model_dir()})"
         if setting == "auto" and remote:
-            return "remote", f'embedding_source = "auto" and no local model is installed in {self.model_dir()}'
+            return "remote", f'source = "auto" and no local model is installed in {self.model_dir()}'
         why = f"no local model is installed in {self.model_dir()}"
         if remote:  # setting == "local"
-            why += ' and embedding_source = "local" leaves the [rag.embedding] service out'
+            why += ' and source = "local" leaves the [embedding.service] service out'
         elif setting != "local":
-            why += " and no [rag.embedding] service is configured"
+            why += " and no [embedding.service] service is configured"
         return "none", why
 
     def remote_embedding(self) -> bool:
-        """Whether the [rag.embedding] service is the active embedder (see :meth:`embedding_source`)."""
+        """Whether the [embedding.service] service is the active embedder (see :meth:`embedding_source`)."""
         return self.embedding_source()[0] == "remote"
 
     def vault_embedding_source(self, store: VaultStore) -> tuple[str, str]:
@@ -152,16 +155,16 @@ class RagEngine:
             from ..net.urls import host_of
 
             try:
-                self.check_remote_policy(store, self.config.rag.embedding.url, "embedding")
+                self.check_remote_policy(store, self.config.embedding.service.url, "embedding")
             except DeviceOnly:
-                host = host_of(self.config.rag.embedding.url) or "?"
+                host = host_of(self.config.embedding.service.url) or "?"
                 hint = (
-                    'set [rag] embedding_source = "auto" to use the local model for it'
+                    'set [embedding] source = "auto" to use the local model for it'
                     if self.local_model_present()
-                    else 'install a local model (`memories rag model-install`) and set [rag] embedding_source = "auto"'
+                    else 'install a local model (`memories rag model-install`) and set [embedding] source = "auto"'
                 )
                 return "none", (
-                    f"this vault is device-only and the [rag.embedding] service at {host} is off this device "
+                    f"this vault is device-only and the [embedding.service] service at {host} is off this device "
                     f"({why}): its searches are lexical (bm25) only; {hint}"
                 )
         return source, why
@@ -173,7 +176,7 @@ class RagEngine:
                 if self._remote is None:
                     from .providers import RemoteEmbedder
 
-                    self._remote = RemoteEmbedder(self.http_client(), self.config.rag.embedding, os.environ)
+                    self._remote = RemoteEmbedder(self.http_client(), self.config.embedding.service, os.environ)
                 return self._remote
         with self._state_lock:
             if self._local is not None and self._model_stamp() != self._local_stamp:
@@ -194,9 +197,9 @@ class RagEngine:
                     factory = LocalEmbedder
                 self._local = factory(
                     d,
-                    threads=min(self.config.rag.local_threads, os.cpu_count() or 1),
-                    max_tokens=self.config.rag.max_tokens,
-                    overrides=self.config.rag.local_model,
+                    threads=min(self.config.embedding.local.threads, os.cpu_count() or 1),
+                    max_tokens=self.config.embedding.max_tokens,
+                    overrides=self.config.embedding.overrides,
                 )
                 self._local_dir = d
                 self._local_stamp = self._model_stamp()
@@ -210,7 +213,7 @@ class RagEngine:
 
     def _start_idle_watch(self) -> None:
         """Caller holds ``_state_lock``. One watcher thread while a local model is loaded."""
-        minutes = self.config.rag.model_idle_minutes
+        minutes = self.config.embedding.local.idle_minutes
         if minutes <= 0 or (self._idle_thread is not None and self._idle_thread.is_alive()):
             return
         interval = max(0.05, min(30.0, minutes * 60 / 4))
@@ -224,10 +227,10 @@ class RagEngine:
         self._idle_thread.start()
 
     def release_idle_model(self, *, force: bool = False) -> bool:
-        """Drop the local model after ``[rag] model_idle_minutes`` without a request that needed it
+        """Drop the local model after ``[embedding.local] idle_minutes`` without a request that needed it
         (never during an embedding batch), so a day of BM25-only use does not keep ~1 GiB of model.
         The next request that needs it loads it again. True when it was released."""
-        minutes = self.config.rag.model_idle_minutes
+        minutes = self.config.embedding.local.idle_minutes
         with self._state_lock:
             if self._local is None:
                 return True
@@ -265,7 +268,7 @@ class RagEngine:
             if self._http is None:
                 from ..net.client import HttpClient
 
-                self._http = HttpClient(self.config.rag.http)
+                self._http = HttpClient(self.config.http)
             return self._http
 
     def check_remote_policy(self, store: VaultStore, url: str, what: str) -> None:
@@ -310,8 +313,8 @@ class RagEngine:
             if space is None or space.identity != embedder.identity:
                 if space is not None:
                     space.close()
-                space = VectorSpace(idx, embedder.identity, int(dims), self.config.rag.cache.max_vector_mib,
-                                    windows=self.config.rag.conversation_windows)
+                space = VectorSpace(idx, embedder.identity, int(dims), self.config.index.max_vector_mib,
+                                    windows=self.config.index.conversation_windows)
                 idx.vectors = space
             space.attach(idx)
             return space
@@ -410,16 +413,13 @@ class RagEngine:
                     self._foreground -= 1
 
     def vector_weight(self, embedder: Any) -> float:
-        """Hybrid's vector weight: ``[rag] vector_weight`` when set, else the model profile's measured one."""
-        configured = float(self.config.rag.vector_weight)
-        if configured > 0:
-            return configured
+        """Hybrid's vector weight when `rag search --vector-weight` is not given: the model profile's measured one."""
         profile = getattr(embedder, "profile", None)
         return float(getattr(profile, "vector_weight", 1.0))
 
     def evidence_floor(self, embedder: Any) -> float | None:
-        """`ask`'s cosine floor: ``[rag] ask_min_cosine`` when set (-1 = none), else the model profile's calibrated one."""
-        configured = float(self.config.rag.ask_min_cosine)
+        """`ask`'s cosine floor: ``[search] min_cosine`` when set (-1 = none), else the model profile's calibrated one."""
+        configured = float(self.config.search.min_cosine)
         if configured == -1:
             return None
         if configured != 0:
@@ -453,15 +453,15 @@ class RagEngine:
             "fragments": idx.n_fragments() if idx is not None and idx.bm25 is not None else None,
             "cache": {
                 "source_bytes": idx.source_bytes if idx is not None else 0,
-                "max_fragments": self.config.rag.cache.max_fragments,
-                "max_source_mib": self.config.rag.cache.max_source_mib,
-                "max_vector_mib": self.config.rag.cache.max_vector_mib,
-                "max_vaults": self.config.rag.cache.max_vaults,
+                "max_fragments": self.config.index.max_fragments,
+                "max_source_mib": self.config.index.max_source_mib,
+                "max_vector_mib": self.config.index.max_vector_mib,
+                "max_vaults": self.cache.max_vaults,
                 "cached_vaults": len(self.cache.cached_ids()),
             },
             "embedding": {"available": self.embedding_available()},
         }
-        # Which embedder serves this vault (local, remote or none) and why: [rag] embedding_source.
+        # Which embedder serves this vault (local, remote or none) and why: [embedding] source.
         served_by, reason = self.vault_embedding_source(store)
         out["embedding"].update({"served_by": served_by, "reason": reason})
         if out["fragments"] is None:
@@ -479,7 +479,7 @@ class RagEngine:
             out["fragments"] = n_frags
             out["cache"]["source_bytes"] = size
             try:
-                check_caps(n_frags, size, self.config.rag.cache)
+                check_caps(n_frags, size, self.config.index)
             except CapExceeded as exc:
                 out["index"] = "over_cap"
                 out["cap_error"] = exc.message
@@ -505,7 +505,7 @@ class RagEngine:
             # Not loaded yet (unlock, restart): count the sealed vectors of live fragments instead.
             identity, dims = self._known_identity()
             sealed = sealed_status(store, identity=identity, dims=dims, remote=self.remote_embedding(),
-                                   windows=self.config.rag.conversation_windows)
+                                   windows=self.config.index.conversation_windows)
             if sealed is not None:
                 out["embedding"].update(sealed)
         else:
@@ -547,6 +547,6 @@ class RagEngine:
 
     def _describe_model(self) -> str:
         if self.remote_embedding():
-            svc = self.config.rag.embedding
+            svc = self.config.embedding.service
             return f"remote:{svc.protocol}:{svc.model}"
         return str(self.model_dir())

@@ -1,6 +1,6 @@
 """Hybrid fusion and the light default reranker.
 
-Two fusion functions, chosen by ``[rag] fusion``:
+Two fusion functions, chosen by `rag search --fusion` (default convex):
 
 - ``convex`` (the default): each list's scores are min-max normalised over the query's candidates
   (BM25 scores are unbounded, cosines bounded, so raw values cannot be added) and a candidate scores
@@ -10,7 +10,7 @@ Two fusion functions, chosen by ``[rag] fusion``:
 - ``rrf``: reciprocal rank fusion, ``Σ w_i / (k + rank_i)`` over the lists a candidate appears in,
   ``rank`` starting at 1; it looks only at ranks.
 
-``w`` is the vector side's weight, BM25's being 1 (``[rag] vector_weight``, default from the model profile).
+``w`` is the vector side's weight, BM25's being 1 (`rag search --vector-weight`, default from the model profile).
 
 The light reranker is a *heuristic*, not a trained cross-encoder: it rewards
 candidates whose text covers more of the query's terms and contains adjacent
@@ -146,7 +146,7 @@ def convex_ranks(
     return fused
 
 
-#: The fusion functions ``[rag] fusion`` may name.
+#: The fusion functions `rag search --fusion` may name.
 FUSIONS = ("convex", "rrf")
 
 

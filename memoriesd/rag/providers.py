@@ -1,4 +1,4 @@
-"""Remote embeddings ([rag.embedding]) and generation ([rag.generation]).
+"""Remote embeddings ([embedding.service]) and generation ([generation]).
 
 Two protocols:
 
@@ -98,7 +98,7 @@ class RemoteEmbedder:
         env: Mapping[str, str],
         *,
         batch_size: int = BATCH_SIZE,
-        section: str = "rag.embedding",
+        section: str = "embedding.service",
     ) -> None:
         if svc.protocol not in _PROTOCOLS:
             raise ConfigError(f"[{section}] protocol must be one of {', '.join(_PROTOCOLS)}")
@@ -256,11 +256,11 @@ class Generator:
     """
 
     def __init__(
-        self, client: HttpClient, svc: ServiceConfig, env: Mapping[str, str], *, section: str = "rag.generation"
+        self, client: HttpClient, svc: ServiceConfig, env: Mapping[str, str], *, section: str = "generation"
     ) -> None:
         if not svc.configured:
             raise GenerationNotConfigured(
-                "no generation service is configured: set url, protocol and model in the [rag.generation] "
+                "no generation service is configured: set url, protocol and model in the [generation] "
                 "table of config.toml"
             )
         if svc.protocol not in _PROTOCOLS:

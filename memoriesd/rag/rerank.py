@@ -1,4 +1,4 @@
-"""The optional trained reranker service ([rag.rerank], protocol "compatible").
+"""The optional trained reranker service ([rerank], protocol "compatible").
 
 Request (the de-facto ``/v1/rerank`` shape of Jina, Cohere-compatible and
 llama.cpp servers)::
@@ -26,13 +26,13 @@ from .service import ServiceEndpoint
 
 __all__ = ["remote_rerank", "parse_rerank_response"]
 
-_SECTION = "rag.rerank"
+_SECTION = "rerank"
 
 
 def _fail(why: str) -> RerankFailed:
     return RerankFailed(
         f"the rerank service returned an unusable answer ({why}); results were not reordered by it: "
-        "check the [rag.rerank] service, or remove that table to use the light reranker"
+        "check the [rerank] service, or remove that table to use the light reranker"
     )
 
 
@@ -80,7 +80,7 @@ def remote_rerank(
 ) -> list[float]:
     """Score ``documents`` against ``query`` with the configured service (scores aligned with documents)."""
     if svc.protocol != "compatible":
-        raise ConfigError('[rag.rerank] protocol must be "compatible"')
+        raise ConfigError('[rerank] protocol must be "compatible"')
     endpoint = ServiceEndpoint(svc, env, section=_SECTION, purpose="rerank")
     if not documents:
         return []

@@ -39,6 +39,8 @@ SNIPPET_CHARS = 200
 #: While the background indexer works on a vault, a search still embeds this few missing fragments
 #: itself (a note just added), not more.
 BACKGROUND_ON_DEMAND = 8
+DEFAULT_RRF_K = 60  # `rag search --rrf-k` (was [rag] rrf_k)
+DEFAULT_FUSION = "convex"  # `rag search --fusion` (was [rag] fusion)
 
 
 @dataclass
@@ -52,7 +54,7 @@ class SearchRequest:
     min_score: float | None = None
     rrf_k: int | None = None
     vector_weight: float | None = None
-    fusion: str | None = None  # None = [rag] fusion
+    fusion: str | None = None  # None = DEFAULT_FUSION
     evidence_floor: bool = True  # without min_score: the model's calibrated cosine floor applies (see the module doc)
     candidates: int | None = None
     filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
@@ -188,8 +190,8 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
     bm25 = idx.bm25
     parsed = bm25.parse(req.query, req.match_mode)  # validates the query in every mode
     mode = req.mode or _default_mode(engine, store)
-    n_cand = req.candidates or engine.config.rag.candidates
-    k = req.rrf_k or engine.config.rag.rrf_k
+    n_cand = req.candidates or engine.config.search.candidates
+    k = req.rrf_k or DEFAULT_RRF_K
     out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
     # The records the filters keep (None: no filter); fragments of other records are never candidates.
     records = req.filters.allowed_records(store) if req.filters is not None and req.filters.active else None
@@ -219,11 +221,11 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         if not engine.embedding_available():
             raise ModelUnavailable(f"--mode {mode} needs an embedding model: {INSTALL_HINT}")
         if engine.remote_embedding():  # the vault's policy first, before the client exists
-            engine.check_remote_policy(store, engine.config.rag.embedding.url, "embedding")
+            engine.check_remote_policy(store, engine.config.embedding.service.url, "embedding")
         embedder = engine.embedder()
         space = engine.vector_space(store, idx, embedder)
         missing = space.missing(idx)
-        limit = engine.config.rag.on_demand_embed_limit
+        limit = engine.config.search.on_demand_embed_limit
         job = engine.background.job(store.vault_id) if engine.background.active(store.vault_id) else None
         if job is not None and len(missing) > BACKGROUND_ON_DEMAND:
             # Being embedded in the background: answer with what exists now, never wait behind it.
@@ -293,7 +295,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
         fused = fuse(
             bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles,
             vector_weight=req.vector_weight or engine.vector_weight(embedder),
-            method=req.fusion or engine.config.rag.fusion, bm25_scores=bm25_scores,
+            method=req.fusion or DEFAULT_FUSION, bm25_scores=bm25_scores,
         )
         fused = _above_floor(fused, floor, out)
         t_rr = time.perf_counter()
@@ -301,7 +303,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
             fused = rerank(engine, store, req.query, fused[:n_cand], ctx, embedder=embedder)
         out.timings["rerank_ms"] = (time.perf_counter() - t_rr) * 1000
         hits = fused[: req.limit]
-        if (req.fusion or engine.config.rag.fusion) == "convex" and not (req.rerank and engine.config.rag.rerank.configured):
+        if (req.fusion or DEFAULT_FUSION) == "convex" and not (req.rerank and engine.config.rerank.configured):
             out.scale = "unit"
     out.hits = hits
     out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
@@ -310,7 +312,7 @@ def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: An
 
 def _floor(engine: RagEngine, embedder: Any, req: SearchRequest) -> float | None:
     """The cosine a candidate BM25 did not match needs: ``--min-score``, else (``evidence_floor``) the
-    model's calibrated floor (``[rag] ask_min_cosine``); None = no floor (``--min-score -1``)."""
+    model's calibrated floor (``[search] min_cosine``); None = no floor (``--min-score -1``)."""
     floor = req.min_score
     if floor is None and req.evidence_floor:
         floor = engine.evidence_floor(embedder)
@@ -339,17 +341,16 @@ def rerank(
 ) -> list[Candidate]:
     """The trained reranker service when configured, else the light heuristic where it helps.
 
-    The light heuristic runs when ``[rag] rerank_default`` is on and the embedding model's profile
-    does not turn it off (it was measured to cost quality with a strong model: README).
+    The light heuristic runs unless the embedding model's profile turns it off (it was measured to cost quality with a strong model: README).
     """
-    svc = engine.config.rag.rerank
+    svc = engine.config.rerank
     if svc.configured:
         from .rerank import remote_rerank
 
         engine.check_remote_policy(store, svc.url, "rerank")
         scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=engine.operation_check(store, ctx))
         return order_by_scores(candidates, scores)
-    if not engine.config.rag.rerank_default or not getattr(getattr(embedder, "profile", None), "light_rerank", True):
+    if not getattr(getattr(embedder, "profile", None), "light_rerank", True):
         return candidates
     from ..text.segment import query_terms
 

@@ -4,7 +4,7 @@ The daemon reads ``config.toml`` once. A person who edits it afterwards used to 
 behaviour (or the old error) with no hint why. :class:`ConfigWatch` takes a fingerprint of the
 file when the daemon starts and compares at each request: one ``stat`` (size, mtime, inode); only
 when that moved is the file read and hashed, so saving the same bytes again (or touching it) is
-not a change, nor is an edit of the ``[[rag.watch]]`` tables (applied live). While the content
+not a change, nor is an edit of the ``[[watch.folder]]`` tables (applied live). While the content
 differs, every reply carries :func:`restart_notice`.
 
 Per request rather than a watcher thread: a ``stat`` costs microseconds, and the answer is needed
@@ -21,7 +21,9 @@ import tomllib
 from pathlib import Path
 
 _Stat = tuple[int, int, int] | None  # (size, mtime_ns, inode), None when the file is absent
-#: [rag] keys the daemon applies without a restart (`rag watch` / `rag unwatch` reload them).
+#: The table the daemon applies without a restart (`rag watch` / `rag unwatch` reload it), and its
+#: keys' old spellings under [rag], still read for a release.
+LIVE_TABLE = "watch"
 LIVE_RAG_KEYS = frozenset({"watch", "watch_debounce_seconds"})
 
 
@@ -68,7 +70,7 @@ class ConfigWatch:
         return (st.st_size, st.st_mtime_ns, st.st_ino)
 
     def _digest(self) -> bytes | None:
-        """The settings that apply only at start: the ``[[rag.watch]]`` tables and their debounce are
+        """The settings that apply only at start: the ``[[watch.folder]]`` tables and their debounce are
         left out, since `rag watch`/`unwatch` apply them live (``rag.watch_reload``)."""
         try:
             raw = self.path.read_bytes()
@@ -78,6 +80,7 @@ class ConfigWatch:
             data = tomllib.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError):
             return hashlib.sha256(b"raw\0" + raw).digest()  # broken: differs from any file that parses
+        data.pop(LIVE_TABLE, None)
         rag = data.get("rag")
         if isinstance(rag, dict):
             rest = {k: v for k, v in rag.items() if k not in LIVE_RAG_KEYS}

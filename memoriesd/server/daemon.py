@@ -119,7 +119,7 @@ class App:
         self.started = time.monotonic()
         self._stop_cb: Any = None
         self.rag: Any = RagEngine(self)
-        self.watch = WatchService(self)  # [[rag.watch]] folders, watched while their vault is unlocked
+        self.watch = WatchService(self)  # [[watch.folder]] folders, watched while their vault is unlocked
 
     def notices(self) -> list[str]:
         """Notices every reply carries (the frame's ``notices``): today, an edited config.toml."""
@@ -324,9 +324,8 @@ class Server:
         self.write_timeout = cfg.write_timeout_seconds
         self.keepalive = cfg.keepalive_seconds
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="memoriesd")
+        # The daemon's own uid only: no setting or environment variable adds another (SECURITY.md).
         self.allowed_uids = {os.getuid()}
-        if app.config.daemon.test_allow_uid >= 0:
-            self.allowed_uids.add(app.config.daemon.test_allow_uid)
         self.stopping = asyncio.Event()
         self.connections: set[Connection] = set()
         self.active = 0  # accepted client sockets not yet closed (each holds a file descriptor)

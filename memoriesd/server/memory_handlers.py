@@ -114,7 +114,7 @@ def rag_context(app: Any, ctx: Context) -> dict[str, Any]:
 
     store = _store(app, ctx)
     p = ctx.params
-    budget = p.integer("budget", app.config.rag.context_budget)
+    budget = p.integer("budget", app.config.context.budget)
     flt = search_filter(p)
     if p.flag("cards_only", False):  # a cards-only grant: the pack holds cards only
         flt = flt.only_cards()

@@ -181,7 +181,7 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
         prune=p.flag("prune", False),
         text=p.text("text", None),
     )
-    max_bytes = int(app.config.rag.max_document_mib * 1024 * 1024)
+    max_bytes = int(app.config.vault.max_document_mib * 1024 * 1024)
     # One ingest at a time per vault: two ingests of one folder must not make two cards of a file.
     with app.vaults.live_of(store).mutex("ingest"):
         report = run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
@@ -202,7 +202,7 @@ def rag_status(app: Any, ctx: Context) -> dict[str, Any]:
 
 @method("rag.watch_reload")
 def rag_watch_reload(app: Any, ctx: Context) -> dict[str, Any]:
-    """Apply the ``[[rag.watch]]`` tables of config.toml now (`rag watch` / `rag unwatch` call it)."""
+    """Apply the ``[[watch.folder]]`` tables of config.toml now (`rag watch` / `rag unwatch` call it)."""
     return app.watch.reload()
 
 
@@ -213,8 +213,8 @@ def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
     store = _store(app, ctx)
     if not engine.embedding_available():
         raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
-    budget = ctx.params.number("budget_seconds", app.config.rag.operation_budget_seconds)
-    budget = max(0.1, min(budget, app.config.rag.operation_budget_seconds))
+    budget = ctx.params.number("budget_seconds", app.config.index.budget_seconds)
+    budget = max(0.1, min(budget, app.config.index.budget_seconds))
     if engine.background.enabled():
         return _attach_to_background(engine, store, ctx, budget)
     idx = engine.vault_index(store)
@@ -309,17 +309,17 @@ def rag_model_install(app: Any, ctx: Context) -> dict[str, Any]:
     target = ctx.params.text("dir", None)
     dest = Path(target) if target else app.home.models / "embeddinggemma"
     manifest = load_manifest(default_manifest_path())
-    base = app.config.rag.model_download_base_url or None
+    base = app.config.embedding.local.download_url or None
 
     def cancel() -> None:
         ctx.check_cancelled()
 
-    report = install_model(manifest, dest, base_url=base, http=app.config.rag.http, progress=ctx.send_progress, cancel=cancel)
+    report = install_model(manifest, dest, base_url=base, http=app.config.http, progress=ctx.send_progress, cancel=cancel)
     out = report.to_dict()
     out["dir"] = str(dest)
     if dest != _engine(app).model_dir():
         out["notice"] = (
-            f"set [rag] local_model_dir = \"{dest}\" in {app.home.config_path} and run `memories daemon restart` "
+            f"set [embedding.local] model_dir = \"{dest}\" in {app.home.config_path} and run `memories daemon restart` "
             "to use this copy"
         )
     else:

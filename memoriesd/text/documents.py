@@ -91,7 +91,7 @@ def _size(n: float) -> str:
 def _too_big(shown: str, size: str, max_bytes: int) -> DocumentRefused:
     return DocumentRefused(
         f"{shown} is {size}, over the document limit of {_size(max_bytes)}: "
-        "split it into smaller files or raise [rag] max_document_mib (up to 64) in config.toml"
+        "split it into smaller files or raise [vault] max_document_mib (up to 64) in config.toml"
     )
 
 

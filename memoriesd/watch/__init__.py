@@ -1,4 +1,4 @@
-"""Folders kept in sync with a vault while it is unlocked (``[[rag.watch]]``, `memories rag watch`).
+"""Folders kept in sync with a vault while it is unlocked (``[[watch.folder]]``, `memories rag watch`).
 
 Importing this package does not import ``watchdog``: the observer is loaded when a folder is first watched.
 """

@@ -1,9 +1,9 @@
-"""The daemon's folder watches: ``[[rag.watch]]`` folders kept in sync with their vaults while unlocked.
+"""The daemon's folder watches: ``[[watch.folder]]`` folders kept in sync with their vaults while unlocked.
 
 At unlock (and when ``rag watch`` reloads the list) each folder of the vault gets a
 :class:`~.watcher.FolderWatcher` and one catch-up sync of the whole folder (what changed while the
 vault was locked; unchanged files are cheap no-ops). Then every change is queued and synced once the
-folder has been quiet for ``[rag] watch_debounce_seconds``. One worker thread runs every start and
+folder has been quiet for ``[watch] debounce_seconds``. One worker thread runs every start and
 sync, one at a time; each sync holds a background lease on the vault (so a lock cancels it at the
 next file and waits for it) and the vault's ingest mutex (one ingest at a time, as ``rag ingest``).
 Lock, delete and shutdown stop the vault's watchers; nothing about a folder outlives its vault's key
@@ -130,8 +130,8 @@ class WatchService:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._cond = threading.Condition()
-        self._watches: tuple[WatchConfig, ...] = app.config.rag.watch
-        self._quiet = app.config.rag.watch_debounce_seconds
+        self._watches: tuple[WatchConfig, ...] = app.config.watch.folders
+        self._quiet = app.config.watch.debounce_seconds
         self._folders: dict[tuple[str, str], Folder] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,14 +149,14 @@ class WatchService:
     # ------------------------------------------------------------------ configuration
 
     def reload(self) -> dict[str, Any]:
-        """Read the ``[[rag.watch]]`` tables (and the debounce) from config.toml again and apply them now."""
+        """Read the ``[[watch.folder]]`` tables (and the debounce) from config.toml again and apply them now."""
         path = self.app.home.config_path
         cfg = load_config(path)  # a broken file raises config_invalid and changes nothing
         with self._cond:
-            self._watches = cfg.rag.watch
-            self._quiet = cfg.rag.watch_debounce_seconds
+            self._watches = cfg.watch.folders
+            self._quiet = cfg.watch.debounce_seconds
         self._reconcile()
-        log.info("watch: the folder list was reloaded (%d folder(s) configured)", len(cfg.rag.watch))
+        log.info("watch: the folder list was reloaded (%d folder(s) configured)", len(cfg.watch.folders))
         return {"config": str(path), "watches": self.overview()}
 
     def _resolve(self, watches: tuple[WatchConfig, ...]) -> list[tuple[int, WatchConfig, str | None, str | None]]:
@@ -372,7 +372,7 @@ class WatchService:
             while not mutex.acquire(timeout=0.2):  # one ingest at a time per vault, as `rag ingest`
                 ctx.check_cancelled()
             try:
-                max_bytes = int(self.app.config.rag.max_document_mib * 1024 * 1024)
+                max_bytes = int(self.app.config.vault.max_document_mib * 1024 * 1024)
                 result = sync(live.store, folder.watch, ctx, paths=paths, folders=subs, max_bytes=max_bytes, exclude=self._exclude)
             finally:
                 mutex.release()

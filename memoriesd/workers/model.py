@@ -10,7 +10,7 @@ request starts a fresh one.
 Each connection is served by its own thread and onnxruntime's ``run`` is thread-safe, so one vault's
 query never waits behind another vault's batch of documents.
 
-It ends when its stdin closes (the router is gone), on SIGTERM, or after ``[rag] model_idle_minutes``
+It ends when its stdin closes (the router is gone), on SIGTERM, or after ``[embedding.local] idle_minutes``
 without a request. Its stdout says ``ready`` once the model is loaded and self-checked, or
 ``failed CODE MESSAGE``; never content. Its socket is 0600 in ``run/`` and checks the peer's uid.
 """
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=0)
-    parser.add_argument("--overrides", default="{}", help="[rag.local_model] as JSON")
+    parser.add_argument("--overrides", default="{}", help="[embedding.local] as JSON")
     parser.add_argument("--idle-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     harden()

@@ -140,10 +140,10 @@ class ModelHost:
 
     def _args(self) -> list[str]:
         app = self.router.app
-        rag = app.config.rag
+        emb = app.config.embedding
         return ["--home", str(app.home.root), "--model-dir", str(app.rag.model_dir()),
-                "--threads", str(rag.local_threads), "--max-tokens", str(rag.max_tokens),
-                "--overrides", json.dumps(asdict(rag.local_model)), "--idle-seconds", str(rag.model_idle_minutes * 60)]
+                "--threads", str(emb.local.threads), "--max-tokens", str(emb.max_tokens),
+                "--overrides", json.dumps(asdict(emb.overrides)), "--idle-seconds", str(emb.local.idle_minutes * 60)]
 
     def route(self, vault_id: str) -> dict[str, Any]:
         with self._gate:
