@@ -15,6 +15,7 @@ from memoriesd.errors import MemoriesError, UsageError
 
 from . import help as _help
 from .completion import register as _register_completion
+from .config_cmds import register as _register_config
 from .conversation_cmds import register as _register_conversations
 from .doctor import register as _register_doctor
 from .extract_cmds import register as _register_extract
@@ -49,6 +50,7 @@ _register_conversations(app)
 _register_extract(app)
 _register_tidy(app)
 _register_doctor(app)
+_register_config(app)
 _register_completion(app)
 # Usage `VAULT QUERY`, choices shown, whole summaries, --json listed on every command (memories_cli/help.py).
 _help.apply(app)

@@ -71,8 +71,8 @@ class EmbeddingService:
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def config(self, model: str = "bag") -> str:
-        """The ``[rag.embedding]`` table naming this service."""
-        return f'[rag.embedding]\nprotocol = "compatible"\nurl = "{self.url}"\nmodel = "{model}"\n'
+        """The ``[embedding.service]`` table naming this service."""
+        return f'[embedding.service]\nprotocol = "compatible"\nurl = "{self.url}"\nmodel = "{model}"\n'
 
     def requests(self) -> int:
         with self.lock:

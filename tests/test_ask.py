@@ -49,8 +49,8 @@ def _daemon(server: Mirror, extra: str = "", protocol: str = "compatible", path:
     root = short_tmpdir()
     home = root / "h"
     cfg = (
-        f'[rag.generation]\nprotocol = "{protocol}"\nurl = "{server.url}{path}"\nmodel = "test-model"\napi_key_env = "MEM_TEST_KEY"\n'
-        f"[rag.http]\nretries = 2\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n" + extra
+        f'[generation]\nprotocol = "{protocol}"\nurl = "{server.url}{path}"\nmodel = "test-model"\napi_key_env = "MEM_TEST_KEY"\n'
+        f"[http]\nretries = 2\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n" + extra
     )
     write_config(home, cfg)
     return Daemon(home, env={"MEM_TEST_KEY": KEY}).start()
@@ -168,13 +168,13 @@ def _embeddings(*vectors: list[float]) -> Scripted:
 
 
 def test_hybrid_ask_with_only_distant_neighbours_sends_nothing_to_the_generation_service(server: Mirror) -> None:
-    d = _daemon(server, f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "e"\ndimensions = 3\n')
+    d = _daemon(server, f'[embedding.service]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "e"\ndimensions = 3\n')
     try:
         vid, rid = _seed(d)
         server.add(EMBED, _embeddings([1.0, 0.0, 0.0]), _embeddings([0.1, 1.0, 0.0]))  # the note, then the question
         out = cli_json(d.home, "rag", "ask", vid, "xylophone quantum zeppelin")
         assert out["mode"] == "hybrid" and out["status"] == "insufficient_evidence"
-        assert server.seen(CHAT) == []  # cosine 0.1 is under [rag] ask_min_cosine = 0.25
+        assert server.seen(CHAT) == []  # cosine 0.1 is under [search] min_cosine = 0.25
         # With the floor lowered, the nearest neighbour counts as evidence and is sent.
         server.add(EMBED, _embeddings([0.1, 1.0, 0.0]))
         server.add(CHAT, chat_answer("Copy the directory [S1].", ["S1"]))
@@ -244,7 +244,7 @@ def test_generation_not_configured_says_how(daemon: Daemon) -> None:
     vid = create_vault(daemon)
     daemon.call("memory.add", {"vault": vid, "body": "hello"})
     r = run_cli(daemon.home, "rag", "ask", vid, "hello?", "--mode", "bm25")
-    assert r.returncode == 1 and r.stderr.startswith("error[generation_not_configured]") and "[rag.generation]" in r.stderr
+    assert r.returncode == 1 and r.stderr.startswith("error[generation_not_configured]") and "[generation]" in r.stderr
 
 
 def test_device_only_vault_refuses_remote_before_any_connection() -> None:
@@ -253,9 +253,9 @@ def test_device_only_vault_refuses_remote_before_any_connection() -> None:
     with ConnectProxy() as proxy:  # every connection to a remote host goes through it: it records each one
         write_config(
             home,
-            '[rag.generation]\nprotocol = "compatible"\nurl = "https://generation.example.invalid/v1/chat/completions"\nmodel = "m"\n'
+            '[generation]\nprotocol = "compatible"\nurl = "https://generation.example.invalid/v1/chat/completions"\nmodel = "m"\n'
             'api_key_env = "MEM_TEST_KEY"\n'
-            f'[rag.http]\nretries = 0\nproxy_url = "{proxy.url}"\n',
+            f'[http]\nretries = 0\nproxy_url = "{proxy.url}"\n',
         )
         d = Daemon(home, env={"MEM_TEST_KEY": KEY}).start()
         try:
@@ -278,7 +278,7 @@ def test_device_only_vault_refuses_remote_before_any_connection() -> None:
 
 
 def test_device_only_vault_with_a_remote_embedding_service_searches_bm25_by_default() -> None:
-    config = '[rag.embedding]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
+    config = '[embedding.service]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
     with running_daemon(config) as d:
         r = run_cli(d.home, "vault", "create", "dev", "--device-only", "--passphrase-stdin", input="pw\n")
         vid = r.stdout.strip().splitlines()[-1]
@@ -351,8 +351,8 @@ def test_remote_embeddings_are_checked_and_sealed(server: Mirror) -> None:
     home = root / "h"
     write_config(
         home,
-        f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "emb"\ndimensions = 3\n'
-        "[rag.http]\nretries = 0\n",
+        f'[embedding.service]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "emb"\ndimensions = 3\n'
+        "[http]\nretries = 0\n",
     )
     d = Daemon(home).start()
     try:
@@ -382,7 +382,7 @@ def test_remote_embeddings_are_checked_and_sealed(server: Mirror) -> None:
 def test_key_in_config_is_refused_with_where_it_belongs() -> None:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, '[rag.generation]\nprotocol = "compatible"\nurl = "https://api.example.com/v1/chat/completions"\nmodel = "m"\napi_key = "sk-abc"\n')
+    write_config(home, '[generation]\nprotocol = "compatible"\nurl = "https://api.example.com/v1/chat/completions"\nmodel = "m"\napi_key = "sk-abc"\n')
     try:
         r = run_cli(home, "vault", "list")
         assert r.returncode == 1 and "api_key_env" in r.stderr and "sk-abc" not in r.stderr

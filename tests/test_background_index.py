@@ -36,7 +36,7 @@ def _minilm_vault(tmp_path: Path, notes: int, extra: str = "", threads: int = 2,
     if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
         raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
     env = {HOLD_ENV: str(hold)} if hold is not None else None
-    with running_daemon(f'{extra}[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = {threads}\n', env=env) as d:
+    with running_daemon(f'{extra}[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = {threads}\n', env=env) as d:
         vid = create_vault(d)
         folder = _folder(tmp_path, notes)
         d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
@@ -64,7 +64,7 @@ def _wait_done(d: Daemon, vid: str, timeout: float = 120) -> dict[str, Any]:
 def test_ingest_alone_leaves_a_fully_embedded_vault(tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=1)
-    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{model}"\n') as d:
         vid = create_vault(d)
         folder = _folder(tmp_path, 40)
         d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})
@@ -124,7 +124,7 @@ def test_background_work_does_not_keep_a_vault_from_auto_locking(tmp_path: Path)
 def test_background_index_off_keeps_the_foreground_behaviour(tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=1)
-    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n') as d:
         vid = create_vault(d)
         d.call("memory.add", {"vault": vid, "title": "t", "body": "coffee tea"})
         emb = _status(d, vid)

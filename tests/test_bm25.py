@@ -261,12 +261,12 @@ def test_cap_messages_name_the_cap_the_size_and_the_key() -> None:
         check_caps(12_345, 10, CacheConfig(max_fragments=10_000))
     assert exc.value.message == (
         "this vault has 12,345 fragments, over the cache cap of 10,000: "
-        "raise [rag.cache] max_fragments in config.toml"
+        "raise [index] max_fragments in config.toml"
     )
     with pytest.raises(CapExceeded) as exc:
         check_caps(5, 17 * 1024 * 1024, CacheConfig(max_source_mib=16))
     assert "17.0 MiB of text, over the cache cap of 16 MiB" in exc.value.message
-    assert "[rag.cache] max_source_mib" in exc.value.message
+    assert "[index] max_source_mib" in exc.value.message
     check_caps(10_000, 16 * 1024 * 1024, CacheConfig())
 
 

@@ -40,7 +40,7 @@ def _daemon() -> Iterator[tuple[Daemon, str]]:
     """MiniLM, background indexing off: `rag index` says exactly how many fragments it embedded."""
     if not MINILM.is_dir():  # pragma: no cover - ../shared is beside the repo in CI
         raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
-    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n') as d:
         yield d, create_vault(d, passphrase=PASS)
 
 

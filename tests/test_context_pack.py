@@ -27,7 +27,7 @@ NOTES = [
 
 @contextlib.contextmanager
 def _daemon(model: bool) -> Iterator[tuple[Daemon, str]]:
-    cfg = f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n' if model else ""
+    cfg = f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n' if model else ""
     with running_daemon(cfg) as d:
         yield d, create_vault(d)
 

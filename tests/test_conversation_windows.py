@@ -4,7 +4,7 @@ vector score is lifted by the window that matches best (memoriesd.conversations.
 The pure parts (which windows a fragment has, how scores combine over a real VectorIndex) are
 tested directly; the rest through a real memoriesd with a real loopback embedding service
 (tests/embed_server.py): what the model is asked to embed, what `rag status` counts, the lift
-seen in `rag search --mode vector`, `[rag] conversation_windows = false`, a restart that finds the
+seen in `rag search --mode vector`, `[index] conversation_windows = false`, a restart that finds the
 sealed window vectors, and a forgotten conversation whose windows leave with it.
 """
 
@@ -231,7 +231,7 @@ def test_past_half_the_room_conversation_hits_come_as_their_window_excerpts_so_m
 
 def _config(svc: EmbeddingService, windows: bool) -> str:
     # No evidence floor, so that the bag-of-words scores show on both sides of the switch.
-    return svc.config() + f"\n[rag]\nask_min_cosine = -1\nconversation_windows = {'true' if windows else 'false'}\n"
+    return svc.config() + f"\n[search]\nmin_cosine = -1\n[index]\nconversation_windows = {'true' if windows else 'false'}\n"
 
 
 @dataclass

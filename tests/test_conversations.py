@@ -325,7 +325,7 @@ def test_the_locomo_file_makes_one_record_per_session_and_results_name_its_turns
 
 def test_vector_search_finds_conversation_turns_with_the_small_model() -> None:
     assert MINILM.is_dir(), f"{MINILM} is missing"
-    cfg = f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n'
+    cfg = f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n'
     with running_daemon(cfg) as d:
         vid = create_vault(d, passphrase=PASS)
         recs = _capture(d, vid, json.dumps(MINI_LOCOMO), "--no-extract")["records"]

@@ -55,7 +55,7 @@ def sparse_pinned_model(home: Path) -> Path:
 
 
 def test_a_broken_home_names_each_problem_with_its_fix_and_never_starts_the_daemon(home: Path) -> None:
-    (home / "config.toml").write_text("[rag]\ncandidates = 5\n")  # below the allowed 10
+    (home / "config.toml").write_text("[search]\ncandidates = 5\n")  # below the allowed 10
     (home / "vaults").mkdir(mode=0o755)
     (home / "vaults" / "stray").write_text("x")
     os.chmod(home / "vaults" / "stray", 0o644)
@@ -94,17 +94,17 @@ def test_model_sizes_are_checked_by_default_and_digests_with_deep(home: Path) ->
 
 def test_proxy_routes_follow_no_proxy_for_each_configured_endpoint(home: Path) -> None:
     (home / "config.toml").write_text(
-        '[rag.embedding]\nprotocol = "compatible"\nurl = "https://embed.internal.example/v1/embeddings"\nmodel = "m"\n'
+        '[embedding.service]\nprotocol = "compatible"\nurl = "https://embed.internal.example/v1/embeddings"\nmodel = "m"\n'
     )
     env = {"HTTPS_PROXY": "http://proxy.example:3128", "https_proxy": "", "NO_PROXY": ".internal.example", "no_proxy": ""}
     _, report = doctor(home, env=env)
     routes = {c["message"].split(" ", 1)[0]: c["message"] for c in by_check(report, "proxy") if c["status"] == "ok"}
-    assert routes["[rag.embedding]"].endswith(": direct")
+    assert routes["[embedding.service]"].endswith(": direct")
     assert routes["model"].endswith("via http://proxy.example:3128")
 
 
 def test_a_healthy_setup_passes_and_caps_restart_and_version_are_asked_of_the_running_daemon() -> None:
-    with running_daemon("[rag.cache]\nmax_fragments = 3\n") as d:
+    with running_daemon("[index]\nmax_fragments = 3\n") as d:
         (d.home / "config.toml").chmod(0o600)
         small = create_vault(d, "small", PASS)
         d.call("memory.add", {"vault": small, "title": "One", "body": "one short note"})
@@ -121,6 +121,6 @@ def test_a_healthy_setup_passes_and_caps_restart_and_version_are_asked_of_the_ru
         assert code == 1 and len(over) == 1 and "big" in over[0]["message"] and "max_fragments" in over[0]["message"]
         assert "daemon restart" in over[0]["fix"]
         cfg = d.home / "config.toml"
-        cfg.write_text(cfg.read_text() + "\n[rag]\ncandidates = 50\n")
+        cfg.write_text(cfg.read_text() + "\n[search]\ncandidates = 50\n")
         _, report = doctor(d.home)
         assert any(c["status"] == "action" and "daemon restart" in (c["fix"] or "") for c in by_check(report, "daemon"))

@@ -150,7 +150,7 @@ def test_gemma_profile_is_recognised_with_its_prompts_and_rag_max_tokens_is_capp
     assert format_query(gemma.profile, "q") == "task: search result | query: q"
     capped = LocalEmbedder(models["gemma"], threads=1, max_tokens=1_000_000)
     assert capped.profile.max_tokens == 2048
-    # [rag.local_model] overrides are for other models: Gemma keeps its built-in prompts.
+    # [embedding.local] overrides are for other models: Gemma keeps its built-in prompts.
     ov = LocalEmbedder(models["gemma"], threads=1, overrides=LocalModelConfig(query_prompt="q: "))
     assert ov.profile.query_prompt == GEMMA_PROFILE.query_prompt and ov.identity == gemma.identity
 

@@ -1,4 +1,4 @@
-"""[rag] embedding_source: which embedder serves a vault (local model, remote service, or none), and why.
+"""[embedding] source: which embedder serves a vault (local model, remote service, or none), and why.
 
 Real daemons on temp homes, the real MiniLM model from ../shared/models, and a real loopback
 embeddings service (tests/embed_server.py) that records every request, so "the service was not
@@ -33,9 +33,9 @@ def svc() -> Iterator[EmbeddingService]:
 
 
 def _config(svc: EmbeddingService | None, source: str | None, model_dir: Path | str) -> str:
-    rag = f'[rag]\nlocal_model_dir = "{model_dir}"\nbackground_index = false\n'
+    rag = f'[embedding.local]\nmodel_dir = "{model_dir}"\n[index]\nbackground = false\n'
     if source is not None:
-        rag += f'embedding_source = "{source}"\n'
+        rag += f'[embedding]\nsource = "{source}"\n'
     return rag + (svc.config() if svc is not None else "")
 
 
@@ -49,25 +49,26 @@ def _vault_with_note(d: Daemon, **kw: object) -> str:
 
 def test_the_setting_is_validated_when_the_config_is_read() -> None:
     base = Path("/tmp")
-    assert parse_config({}, base).rag.embedding_source == ""  # not set: a configured service wins, as before
+    assert parse_config({}, base).embedding.source == ""  # not set: a configured service wins, as before
+    assert parse_config({}, base).embedding.effective_source == "local"
     for value in ("local", "remote", "auto"):
-        data: dict[str, object] = {"rag": {"embedding_source": value}}
+        data: dict[str, object] = {"embedding": {"source": value}}
         if value == "remote":
-            data["rag"] = {"embedding_source": value, "embedding": {"protocol": "compatible", "url": "http://127.0.0.1:9/v1/embeddings", "model": "m"}}
-        assert parse_config(data, base).rag.embedding_source == value
+            data["embedding"] = {"source": value, "service": {"protocol": "compatible", "url": "http://127.0.0.1:9/v1/embeddings", "model": "m"}}
+        assert parse_config(data, base).embedding.source == value
     with pytest.raises(ConfigError) as bad:
-        parse_config({"rag": {"embedding_source": "cloud"}}, base)
-    assert "rag.embedding_source" in bad.value.message and "'auto'" in bad.value.message
+        parse_config({"embedding": {"source": "cloud"}}, base)
+    assert "embedding.source" in bad.value.message and "'auto'" in bad.value.message
     with pytest.raises(ConfigError) as missing:
-        parse_config({"rag": {"embedding_source": "remote"}}, base)
-    assert "needs an embedding service" in missing.value.message and "[rag.embedding]" in missing.value.message
+        parse_config({"embedding": {"source": "remote"}}, base)
+    assert "needs an embedding service" in missing.value.message and "[embedding.service]" in missing.value.message
 
 
 def test_not_set_a_configured_service_still_serves_although_a_local_model_is_installed(svc: EmbeddingService) -> None:
     with running_daemon(_config(svc, None, MINILM)) as d:
         vid = _vault_with_note(d)
         emb = d.call("rag.status", {"vault": vid})["embedding"]
-        assert emb["served_by"] == "remote" and "embedding_source is not set" in emb["reason"]
+        assert emb["served_by"] == "remote" and "[embedding] source is not set" in emb["reason"]
         before = svc.requests()
         out = d.call("rag.search", {"vault": vid, "query": "who feeds the zebra"})
         assert out["mode"] == "hybrid" and out["results"][0]["title"] == "Keeper"
@@ -79,7 +80,7 @@ def test_auto_uses_the_installed_local_model_and_sends_nothing_to_the_service(sv
         vid = _vault_with_note(d)
         emb = d.call("rag.status", {"vault": vid})["embedding"]
         assert emb["served_by"] == "local"
-        assert 'embedding_source = "auto" and a local model is installed' in emb["reason"] and str(MINILM.resolve()) in emb["reason"]
+        assert 'source = "auto" and a local model is installed' in emb["reason"] and str(MINILM.resolve()) in emb["reason"]
         before = svc.requests()
         out = d.call("rag.search", {"vault": vid, "query": "who feeds the zebra", "mode": "vector"})
         assert out["results"][0]["title"] == "Keeper"
@@ -87,7 +88,7 @@ def test_auto_uses_the_installed_local_model_and_sends_nothing_to_the_service(sv
         assert not str(indexed["model"]).startswith("remote:")
         assert svc.requests() == before  # not one request reached the service
         r = run_cli(d.home, "rag", "status", vid, env={"COLUMNS": "300"})
-        assert r.returncode == 0 and 'local: embedding_source = "auto" and a local model is installed' in r.stdout
+        assert r.returncode == 0 and 'local: source = "auto" and a local model is installed' in r.stdout
 
 
 def test_auto_without_a_local_model_uses_the_service_but_never_for_a_device_only_vault(svc: EmbeddingService, tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_auto_without_a_local_model_uses_the_service_but_never_for_a_device_only
 
     # A service off this device: a device-only vault is served by none (bm25), another vault by the service.
     config = _config(None, "auto", empty) + (
-        '[rag.embedding]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\n'
+        '[embedding.service]\nprotocol = "compatible"\nurl = "https://embed.example.invalid/v1/embeddings"\n'
         'model = "m"\napi_key_env = "EMBED_TEST_KEY"\n'
     )
     with running_daemon(config, env={"EMBED_TEST_KEY": "k-not-a-secret"}) as d:
@@ -129,7 +130,7 @@ def test_local_never_falls_back_to_the_service(svc: EmbeddingService, tmp_path: 
     with running_daemon(_config(svc, "local", empty)) as d:
         vid = _vault_with_note(d)
         emb = d.call("rag.status", {"vault": vid})["embedding"]
-        assert emb["served_by"] == "none" and 'embedding_source = "local" leaves the [rag.embedding] service out' in emb["reason"]
+        assert emb["served_by"] == "none" and 'source = "local" leaves the [embedding.service] service out' in emb["reason"]
         before = svc.requests()
         assert d.call("rag.search", {"vault": vid, "query": "zebra"})["mode"] == "bm25"
         with pytest.raises(DaemonError) as unavailable:
@@ -144,7 +145,7 @@ def test_remote_uses_the_service_although_a_local_model_is_installed(svc: Embedd
     with running_daemon(_config(svc, "remote", MINILM)) as d:
         vid = _vault_with_note(d)
         emb = d.call("rag.status", {"vault": vid})["embedding"]
-        assert (emb["served_by"], emb["reason"]) == ("remote", 'embedding_source = "remote"')
+        assert (emb["served_by"], emb["reason"]) == ("remote", 'source = "remote"')
         before = svc.requests()
         assert d.call("rag.search", {"vault": vid, "query": "zebra", "mode": "vector", "min_score": -1})["results"]
         assert svc.requests() > before

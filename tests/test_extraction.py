@@ -224,8 +224,8 @@ def server() -> Iterator[Mirror]:
 
 
 def _model_daemon(url: str) -> Any:
-    cfg = (f'[rag.generation]\nprotocol = "compatible"\nurl = "{url}"\nmodel = "test-model"\n'
-           "[rag.http]\nretries = 0\nbackoff_ms = 10\ntimeout_seconds = 5\n")
+    cfg = (f'[generation]\nprotocol = "compatible"\nurl = "{url}"\nmodel = "test-model"\n'
+           "[http]\nretries = 0\nbackoff_ms = 10\ntimeout_seconds = 5\n")
     return running_daemon(cfg)
 
 

@@ -24,7 +24,7 @@ PASS = "correct horse"
 @contextlib.contextmanager
 def _daemon(model: bool = True) -> Iterator[tuple[Daemon, str]]:
     assert MINILM.is_dir(), f"{MINILM} is missing"
-    cfg = f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n' if model else ""
+    cfg = f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n' if model else ""
     with running_daemon(cfg) as d:
         yield d, create_vault(d, passphrase=PASS)
 

@@ -48,7 +48,7 @@ def test_an_edited_config_is_announced_in_every_reply_until_daemon_restart_which
     assert r.returncode == 0, r.stderr
     assert "changed since the daemon started" not in r.stderr
     config = home / "config.toml"
-    config.write_text(config.read_text() + "\n[rag]\ncandidates = 50\n")
+    config.write_text(config.read_text() + "\n[search]\ncandidates = 50\n")
     # Every reply says so, once per command: a plain list, a JSON status, even an error.
     r = run_cli(home, "vault", "list")
     assert r.returncode == 0 and r.stderr.count(_restart_notice(home)) == 1, r.stderr
@@ -95,7 +95,7 @@ def test_touching_the_config_or_editing_watch_tables_is_no_pending_restart(tmp_p
     path.write_text("[vault]\nkeep_revisions = 5\n")  # same bytes saved again (new mtime)
     assert not watch.changed()
     # `rag watch` / `rag unwatch` apply these live: no restart is needed for them.
-    path.write_text('[vault]\nkeep_revisions = 5\n[rag]\nwatch_debounce_seconds = 2\n[[rag.watch]]\nvault = "v"\npath = "/x"\n')
+    path.write_text('[vault]\nkeep_revisions = 5\n[watch]\ndebounce_seconds = 2\n[[watch.folder]]\nvault = "v"\npath = "/x"\n')
     assert not watch.changed()
     path.write_text("[vault]\nkeep_revisions = 6\n")
     assert watch.changed() and watch.notices() == [
@@ -111,17 +111,17 @@ def test_touching_the_config_or_editing_watch_tables_is_no_pending_restart(tmp_p
 def test_errors_that_point_at_config_toml_name_its_full_path_and_the_restart_command() -> None:
     path = Path("/home/me/mem/config.toml")
     msg = name_config_path(
-        "no generation service is configured: add a [rag.generation] table to config.toml and restart the daemon", path
+        "no generation service is configured: add a [generation] table to config.toml and restart the daemon", path
     )
     assert msg == (
-        "no generation service is configured: add a [rag.generation] table to /home/me/mem/config.toml "
+        "no generation service is configured: add a [generation] table to /home/me/mem/config.toml "
         "and run `memories daemon restart`"
     )
-    assert name_config_path("[rag.rerank] protocol must be \"compatible\"", path, "config_invalid").endswith(
+    assert name_config_path("[rerank] protocol must be \"compatible\"", path, "config_invalid").endswith(
         "(config file /home/me/mem/config.toml; then run `memories daemon restart`)"
     )
-    assert name_config_path("over the cache cap of 10: raise [rag.cache] max_fragments in config.toml", path, "cap_exceeded") == (
-        "over the cache cap of 10: raise [rag.cache] max_fragments in /home/me/mem/config.toml and run `memories daemon restart`"
+    assert name_config_path("over the cache cap of 10: raise [index] max_fragments in config.toml", path, "cap_exceeded") == (
+        "over the cache cap of 10: raise [index] max_fragments in /home/me/mem/config.toml and run `memories daemon restart`"
     )
     assert name_config_path("vault notes is locked", path, "vault_locked") == "vault notes is locked"
 
@@ -223,7 +223,7 @@ def model_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     make_tiny_model(model, seed=1)
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n')
+    write_config(home, f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n')
     yield home
     shutil.rmtree(root, ignore_errors=True)
 

@@ -42,7 +42,7 @@ NEEDLES = (b"quokka", b"xylophon", "quokka".encode("utf-16-le"))
 @contextlib.contextmanager
 def _daemon(extra: str = "") -> Iterator[tuple[Daemon, str]]:
     assert MINILM.is_dir(), f"{MINILM} is missing"
-    with running_daemon(f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n{extra}') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n{extra}') as d:
         yield d, create_vault(d, passphrase=PASS)
 
 

@@ -45,7 +45,7 @@ def env(server: Mirror) -> Iterator[tuple[Daemon, str, Path]]:
     """A daemon with a loopback generation service, a vault, and a folder for notes."""
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag.generation]\nprotocol = "compatible"\nurl = "{server.url}{CHAT}"\nmodel = "test-model"\n')
+    write_config(home, f'[generation]\nprotocol = "compatible"\nurl = "{server.url}{CHAT}"\nmodel = "test-model"\n')
     d = Daemon(home).start()
     try:
         vid = create_vault(d, passphrase=PASS)

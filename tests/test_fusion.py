@@ -189,7 +189,7 @@ def test_rag_search_takes_a_vector_weight_and_refuses_one_out_of_range(tmp_path:
 
     model = Path(str(tmp_path)) / "m"
     make_tiny_model(model, seed=1)
-    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n') as d:
         vid = create_vault(d)
         d.call("memory.add", {"vault": vid, "title": "a", "body": "coffee tea"})
         out = cli_json(d.home, "rag", "search", vid, "coffee", "--mode", "hybrid", "--vector-weight", "2")

@@ -30,7 +30,7 @@ RERANK = "/v1/rerank"
 def test_hybrid_finds_what_bm25_and_vector_each_miss() -> None:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\n')
+    write_config(home, f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n')
     d = Daemon(home).start()
     try:
         vid = create_vault(d)
@@ -82,9 +82,9 @@ def rerank_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemo
         write_config(
             home,
             # ask_min_cosine = -1: no relevance floor, so every candidate goes to the rerank service
-            f'[rag]\nlocal_model_dir = "{model}"\nask_min_cosine = -1\n'
-            f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{RERANK}"\nmodel = "rr"\n'
-            "[rag.http]\nretries = 0\n",
+            f'[embedding.local]\nmodel_dir = "{model}"\n[search]\nmin_cosine = -1\n'
+            f'[rerank]\nprotocol = "compatible"\nurl = "{server.url}{RERANK}"\nmodel = "rr"\n'
+            "[http]\nretries = 0\n",
         )
         d = Daemon(home).start()
         vid = create_vault(d)

@@ -52,8 +52,8 @@ def slow() -> Iterator[tuple[Daemon, Mirror, str]]:
         home = root / "h"
         write_config(
             home,
-            f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "e"\ndimensions = 3\n'
-            "[rag.http]\nretries = 0\ntimeout_seconds = 60\n",  # held requests wait for the test, not the clock
+            f'[embedding.service]\nprotocol = "compatible"\nurl = "{server.url}{EMBED}"\nmodel = "e"\ndimensions = 3\n'
+            "[http]\nretries = 0\ntimeout_seconds = 60\n",  # held requests wait for the test, not the clock
         )
         d = Daemon(home).start()
         vid = create_vault(d)

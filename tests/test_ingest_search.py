@@ -173,7 +173,7 @@ def test_index_invalidated_after_update_delete_and_lock(daemon: Daemon) -> None:
 def test_cap_errors_name_the_cap_size_and_key() -> None:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, "[rag.cache]\nmax_fragments = 3\n")
+    write_config(home, "[index]\nmax_fragments = 3\n")
     d = Daemon(home).start()
     try:
         vid = create_vault(d)
@@ -277,7 +277,7 @@ def test_title_only_record_is_found_by_its_title(daemon: Daemon) -> None:
 def test_status_over_cap_says_which_cap_instead_of_failing() -> None:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, "[rag.cache]\nmax_fragments = 1\n")
+    write_config(home, "[index]\nmax_fragments = 1\n")
     d = Daemon(home).start()
     try:
         vid = create_vault(d)

@@ -223,7 +223,7 @@ def test_model_install_cli_ends_quickly_against_a_mirror_that_resumes_wrongly() 
     root = short_tmpdir()
     home = root / "h"
     with _BadResumeMirror("wrong-range", sizes) as mirror:
-        write_config(home, f'[rag]\nmodel_download_base_url = "{mirror.url}"\n\n[rag.http]\nretries = 2\nbackoff_ms = 10\n')
+        write_config(home, f'[embedding.local]\ndownload_url = "{mirror.url}"\n\n[http]\nretries = 2\nbackoff_ms = 10\n')
         try:
             r = run_cli(home, "rag", "model-install", timeout=120)
         finally:

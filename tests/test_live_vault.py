@@ -145,7 +145,8 @@ def test_lock_racing_searches_never_answers_internal_and_leaves_no_index(make_ap
 def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_app: Any, tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
-    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\nbackground_index = false\n[rag.cache]\nmax_vaults = 1\n')
+    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\nthreads = 1\n[index]\nbackground = false\n')
+    app.rag.cache.max_vaults = 1  # one process serves both vaults here: each search of one evicts the other
     a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
     b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
     _notes(app, a, 150)
@@ -182,7 +183,7 @@ def test_an_index_evicted_during_rag_index_never_seals_under_a_wiped_key(make_ap
 def test_lock_during_rag_index_cancels_it_and_nothing_is_sealed_after(make_app: Any, tmp_path: Path) -> None:
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
-    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\nbackground_index = false\n')
+    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\nthreads = 1\n[index]\nbackground = false\n')
     vid = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
     _notes(app, vid, 300)
     live = app.vaults.live(vid)
@@ -426,7 +427,7 @@ class _Embeddings:
 def test_a_long_rag_index_lets_searches_of_other_vaults_embed_between_its_batches(make_app: Any) -> None:
     svc = _Embeddings()
     try:
-        app = make_app(f'[rag.embedding]\nprotocol = "compatible"\nurl = "{svc.url}"\nmodel = "m"\n')
+        app = make_app(f'[embedding.service]\nprotocol = "compatible"\nurl = "{svc.url}"\nmodel = "m"\n')
         a = call(app, "vault.create", name="a", passphrase=PW)["vault_id"]
         b = call(app, "vault.create", name="b", passphrase=PW)["vault_id"]
         _notes(app, a, 200)  # 200 fragments: 7 batches
@@ -468,7 +469,7 @@ def test_lock_during_background_indexing_pauses_it_and_nothing_is_sealed_after(
     make_tiny_model(model, seed=3)
     hold = tmp_path / "hold-background"
     monkeypatch.setenv(HOLD_ENV, str(hold))  # while this file exists the worker holds before each chunk
-    app = make_app(f'[rag]\nlocal_model_dir = "{model}"\nlocal_threads = 1\n')
+    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\nthreads = 1\n')
     vid = call(app, "vault.create", name="bg", passphrase=PW)["vault_id"]
     background = app.rag.background
 

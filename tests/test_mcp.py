@@ -113,7 +113,7 @@ def env() -> Iterator[Env]:
     home = tmp / "h"
     write_config(
         home,
-        f'[rag.generation]\nprotocol = "compatible"\nurl = "http://127.0.0.1:{gen.port}/v1/chat/completions"\nmodel = "m"\n',
+        f'[generation]\nprotocol = "compatible"\nurl = "http://127.0.0.1:{gen.port}/v1/chat/completions"\nmodel = "m"\n',
     )
     d = Daemon(home).start()
     try:

@@ -60,7 +60,7 @@ def test_after_lock_no_canary_is_left_in_any_live_process_of_the_daemon(tmp_path
     needles = {k: v.encode("utf-8") for k, v in canary.items()}
     model = tmp_path / "model"
     make_tiny_model(model, seed=3)
-    config, card = f'[rag]\nlocal_model_dir = "{model}"\n', notes_with_card(tmp_path, canary)
+    config, card = f'[embedding.local]\nmodel_dir = "{model}"\n', notes_with_card(tmp_path, canary)
     with running_daemon(config) as d:
         assert d.proc is not None
         router = d.proc.pid

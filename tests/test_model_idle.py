@@ -1,4 +1,4 @@
-"""The local model is released after `[rag] model_idle_minutes` unused and loaded again on demand."""
+"""The local model is released after `[embedding.local] idle_minutes` unused and loaded again on demand."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .tinymodel import make_tiny_model
 def _vault_with_model(tmp_path: Path, idle_minutes: float) -> Iterator[tuple[Daemon, str]]:
     model = tmp_path / "model"
     make_tiny_model(model, seed=2)
-    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\nmodel_idle_minutes = {idle_minutes}\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{model}"\nidle_minutes = {idle_minutes}\n') as d:
         vid = create_vault(d)
         d.call("memory.add", {"vault": vid, "title": "cats", "body": "cat kitten fur tail"})
         yield d, vid

@@ -50,7 +50,7 @@ def _maps(pid: int) -> str:
 def model_home(tmp_path: Path) -> Iterator[tuple[Any, Client]]:
     model = tmp_path / "model"
     make_tiny_model(model, seed=5)
-    with running_daemon(f'[rag]\nlocal_model_dir = "{model}"\n') as d:
+    with running_daemon(f'[embedding.local]\nmodel_dir = "{model}"\n') as d:
         yield d, Client(Home(d.home), autostart=False)
 
 
@@ -169,7 +169,7 @@ def test_no_process_of_the_product_imports_a_memoriesd_folder_from_the_working_d
     root = short_tmpdir()
     home = root / "h"
     home.mkdir(mode=0o700)
-    (home / "config.toml").write_text(CHEAP_CONFIG + f'\n[rag]\nlocal_model_dir = "{model}"\n')
+    (home / "config.toml").write_text(CHEAP_CONFIG + f'\n[embedding.local]\nmodel_dir = "{model}"\n')
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -66,7 +66,7 @@ def app() -> Iterator[App]:
     assert MINILM.is_dir(), f"{MINILM} is missing"
     root = short_tmpdir("qc")
     home = Home(root / "h")
-    write_config(home.root, f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n')
+    write_config(home.root, f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n')
     home.ensure()
     application = App(home, load_config(home.config_path))
     yield application

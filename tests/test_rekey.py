@@ -179,7 +179,7 @@ def test_rekey_of_a_locked_vault_leaves_it_locked_and_a_wrong_old_passphrase_cha
 
 @pytest.mark.skipif(not MINILM.is_dir(), reason=needs_shared("models/all-MiniLM-L6-v2-onnx"))
 def test_rekey_keeps_every_sealed_vector_and_embeds_nothing_again() -> None:
-    config = f'[rag]\nlocal_model_dir = "{MINILM}"\nbackground_index = false\n'
+    config = f'[embedding.local]\nmodel_dir = "{MINILM}"\n[index]\nbackground = false\n'
     with running_daemon(config) as d:
         vid = create_vault(d, passphrase=OLD)
         vdir = d.home / "vaults" / vid

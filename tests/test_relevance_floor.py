@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(not MINILM.is_dir(), reason=needs_shared("models
 def vault() -> Iterator[tuple[Daemon, str, dict[str, str]]]:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n')
+    write_config(home, f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n')
     d = Daemon(home).start()
     try:
         vid = create_vault(d)

@@ -135,9 +135,9 @@ def _wait(what: str, cond: Callable[[], object], timeout: float = 60) -> None:
 
 def test_lock_during_a_remote_rerank_stops_its_retries(server: Mirror) -> None:
     config = (
-        f'[rag.embedding]\nprotocol = "compatible"\nurl = "{server.url}/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
-        f'[rag.rerank]\nprotocol = "compatible"\nurl = "{server.url}{PATH}"\nmodel = "bge"\n'
-        "[rag.http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 60\n"  # a held answer waits for the test
+        f'[embedding.service]\nprotocol = "compatible"\nurl = "{server.url}/v1/embeddings"\nmodel = "e"\ndimensions = 3\n'
+        f'[rerank]\nprotocol = "compatible"\nurl = "{server.url}{PATH}"\nmodel = "bge"\n'
+        "[http]\nretries = 3\nbackoff_ms = 10\ntimeout_seconds = 60\n"  # a held answer waits for the test
     )
     with running_daemon(config) as d:
         vid = create_vault(d)

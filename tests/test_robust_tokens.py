@@ -81,7 +81,7 @@ def test_a_fragment_the_model_cannot_embed_is_skipped_and_costs_the_vault_nothin
     from .conftest import cli_json, create_vault, running_daemon
 
     model = _model_that_fails_on("zzcrash", tmp_path)
-    cfg = f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = {"true" if background else "false"}\n'
+    cfg = f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = {"true" if background else "false"}\n'
     with running_daemon(cfg) as d:
         vid = create_vault(d)
         for i in range(40):

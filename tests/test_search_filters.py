@@ -40,7 +40,7 @@ def env() -> Iterator[Env]:
     svc = EmbeddingService()
     root = short_tmpdir("mf")
     home = root / "h"
-    write_config(home, svc.config() + "[rag]\non_demand_embed_limit = 5000\n")
+    write_config(home, svc.config() + "[search]\non_demand_embed_limit = 5000\n")
     d = Daemon(home).start()
     try:
         vid = create_vault(d, "filters")

@@ -56,8 +56,8 @@ def _start(config: str, *, device_only: bool = False) -> tuple[Daemon, str]:
 
 def _gen_config(url: str, timeout: float = 2) -> str:
     return (
-        f'[rag.generation]\nprotocol = "compatible"\nurl = "{url}"\nmodel = "test-model"\n'
-        f"[rag.http]\nretries = 1\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n"
+        f'[generation]\nprotocol = "compatible"\nurl = "{url}"\nmodel = "test-model"\n'
+        f"[http]\nretries = 1\nbackoff_ms = 10\ntimeout_seconds = {timeout}\n"
     )
 
 
@@ -289,9 +289,9 @@ def test_without_a_generation_service_apply_says_how_to_configure_one() -> None:
     try:
         old = remember(d, vid, "The user prefers oat milk.")
         dry = cli_json(d.home, "memory", "summarize", vid, "--older-than", "0", "--kind", "fact")
-        assert ids_of(dry) == old and any("[rag.generation]" in n for n in dry["notices"])
+        assert ids_of(dry) == old and any("[generation]" in n for n in dry["notices"])
         r = run_cli(d.home, "memory", "summarize", vid, "--older-than", "0", "--kind", "fact", "--apply")
-        assert r.returncode == 1 and r.stderr.startswith("error[generation_not_configured]") and "[rag.generation]" in r.stderr
+        assert r.returncode == 1 and r.stderr.startswith("error[generation_not_configured]") and "[generation]" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
         assert live_ids(d, vid) == set(old)
     finally:

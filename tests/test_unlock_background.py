@@ -75,7 +75,7 @@ def daemon() -> Iterator[Daemon]:
     root = short_tmpdir()
     home = root / "h"
     home.mkdir(mode=0o700)
-    (home / "config.toml").write_text("[rag]\nwatch_debounce_seconds = 0.3\n")  # default [vault] KDF
+    (home / "config.toml").write_text("[watch]\ndebounce_seconds = 0.3\n")  # default [vault] KDF
     d = Daemon(home).start()
     try:
         yield d

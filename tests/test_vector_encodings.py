@@ -153,7 +153,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def daemon(model_dirs: dict[str, Path]) -> Iterator[Daemon]:
     home = short_tmpdir() / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{model_dirs["a"]}"\nbackground_index = false\n')
+    write_config(home, f'[embedding.local]\nmodel_dir = "{model_dirs["a"]}"\n[index]\nbackground = false\n')
     d = Daemon(home, env={"HOME": str(home.parent)}).start()
     yield d
     d.stop()

@@ -1,4 +1,4 @@
-"""``[rag.cache] vector_precision``: float32, float16 and int8 rows in the vector index.
+"""``[index] vector_precision``: float32, float16 and int8 rows in the vector index.
 
 Ranking and scores are compared with float32 on real embeddings (all-MiniLM-L6-v2 over SciFact
 abstracts and queries); memory and the cache cap use each representation's real bytes; a real
@@ -149,7 +149,7 @@ def test_the_cap_counts_the_representation_bytes() -> None:
     assert len(index) == 4000 and index.capacity <= (1 << 20) // bytes_per_vector(256, "int8")
     with pytest.raises(CapExceeded) as err:
         index.add(list(range(4000, 4100)), vecs[:100])
-    assert "as int8" in err.value.message and "[rag.cache] max_vector_mib" in err.value.message
+    assert "as int8" in err.value.message and "[index] max_vector_mib" in err.value.message
     assert len(index) == 4000
     check_vector_cap(100_000, 768, 74.0, "int8")  # 73.6 MiB
     with pytest.raises(CapExceeded):
@@ -159,11 +159,11 @@ def test_the_cap_counts_the_representation_bytes() -> None:
 @pytest.mark.parametrize("value", ['"bfloat16"', '"INT8"', "8"])
 def test_a_bad_vector_precision_is_one_line_naming_the_key(value: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(tomllib.loads(f"[rag.cache]\nvector_precision = {value}\n"), Path("/tmp"))
+        parse_config(tomllib.loads(f"[index]\nvector_precision = {value}\n"), Path("/tmp"))
     msg = str(err.value)
-    assert "rag.cache.vector_precision" in msg and "\n" not in msg
+    assert "index.vector_precision" in msg and "\n" not in msg
     assert "'int8'" in msg or "a string" in msg
-    assert parse_config(tomllib.loads('[rag.cache]\nvector_precision = "float16"\n'), Path("/tmp")).rag.cache.vector_precision == "float16"
+    assert parse_config(tomllib.loads('[index]\nvector_precision = "float16"\n'), Path("/tmp")).index.vector_precision == "float16"
 
 
 def test_the_daemon_holds_vectors_as_configured_and_caps_them_in_those_bytes(tmp_path: Path) -> None:
@@ -172,8 +172,8 @@ def test_the_daemon_holds_vectors_as_configured_and_caps_them_in_those_bytes(tmp
     if not MINILM.is_dir():  # pragma: no cover
         raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
     docs, queries = _scifact(40, 1)
-    cfg = (f'[rag]\nlocal_model_dir = "{MINILM}"\nlocal_threads = 2\nbackground_index = false\n'
-           '[rag.cache]\nmax_vector_mib = 0.03\nvector_precision = "{}"\n')
+    cfg = (f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n'
+           '[index]\nmax_vector_mib = 0.03\nvector_precision = "{}"\n')
     with running_daemon(cfg.replace("{}", "int8")) as d:
         vid = create_vault(d)
         for title, text in docs:

@@ -23,7 +23,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _config(home: Path, model: Path) -> None:
-    write_config(home, f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n')
+    write_config(home, f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n')
 
 
 @pytest.fixture

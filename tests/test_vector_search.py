@@ -34,7 +34,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _home_with(model: Path, extra: str = "") -> Path:
     root = short_tmpdir()
     home = root / "h"
-    write_config(home, f'[rag]\nlocal_model_dir = "{model}"\nbackground_index = false\n' + extra)
+    write_config(home, f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n' + extra)
     return home
 
 
@@ -99,7 +99,7 @@ def test_changes_embed_only_new_fragments_and_model_change_reembeds(vdaemon: Dae
     vdaemon.call("memory.update", {"vault": vid, "id": ids["Money"], "title": "Finance"})
     assert vdaemon.call("rag.index", {"vault": vid})["embedded"] == 1
     vdaemon.stop()
-    write_config(vdaemon.home, f'[rag]\nlocal_model_dir = "{model_dirs["b"]}"\nbackground_index = false\n')
+    write_config(vdaemon.home, f'[embedding.local]\nmodel_dir = "{model_dirs["b"]}"\n[index]\nbackground = false\n')
     d = Daemon(vdaemon.home).start()
     try:
         d.call("vault.unlock", {"vault": vid, "passphrase": "correct horse"})
@@ -173,7 +173,7 @@ def test_model_install_through_cli_refuses_a_mirror_with_wrong_bytes() -> None:
     home = root / "h"
     files = {f"/m/{p}": b"not the pinned bytes" for p in ("onnx/model_q4.onnx", "onnx/model_q4.onnx_data", "tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json")}
     with Mirror(files) as mirror:
-        write_config(home, f'[rag]\nmodel_download_base_url = "{mirror.url}/m"\n')
+        write_config(home, f'[embedding.local]\ndownload_url = "{mirror.url}/m"\n')
         try:
             r = run_cli(home, "rag", "model-install")
             assert r.returncode == 1, r.stderr

@@ -157,7 +157,7 @@ def test_vector_cap_names_the_cap_the_size_and_the_config_key() -> None:
     with pytest.raises(CapExceeded) as err:
         check_vector_cap(12_000, 768, 32.0)
     msg = err.value.message
-    assert "35.2 MiB" in msg and "32 MiB" in msg and "[rag.cache] max_vector_mib" in msg
+    assert "35.2 MiB" in msg and "32 MiB" in msg and "[index] max_vector_mib" in msg
     assert err.value.code == "cap_exceeded"
     check_vector_cap(10_000, 768, 32.0)  # 29.3 MiB fits
 

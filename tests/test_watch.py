@@ -1,4 +1,4 @@
-"""Watched folders ([[rag.watch]], `rag watch`): a real daemon, real folders, real inotify events."""
+"""Watched folders ([[watch.folder]], `rag watch`): a real daemon, real folders, real inotify events."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from memoriesd.errors import ConfigError
 from .conftest import Daemon, DaemonError, create_vault, run_cli, running_daemon
 
 DEBOUNCE = 0.3
-CONFIG = f"[rag]\nwatch_debounce_seconds = {DEBOUNCE}\n"
+CONFIG = f"[watch]\ndebounce_seconds = {DEBOUNCE}\n"
 PASSPHRASE = "correct horse"
 
 
@@ -47,8 +47,8 @@ def wait_for(what: Callable[[], Any], timeout: float = 60.0, message: str = "") 
 
 
 def add_watch(d: Daemon, vault: str, folder: Path, **opts: Any) -> None:
-    """Append a [[rag.watch]] table to the daemon's config.toml and have it reload the list."""
-    lines = ["", "[[rag.watch]]", f'vault = "{vault}"', f'path = "{folder}"']
+    """Append a [[watch.folder]] table to the daemon's config.toml and have it reload the list."""
+    lines = ["", "[[watch.folder]]", f'vault = "{vault}"', f'path = "{folder}"']
     for key, value in opts.items():
         lines.append(f"{key} = " + ("true" if value is True else "false" if value is False else repr(value).replace("'", '"')))
     with open(d.home / "config.toml", "a", encoding="utf-8") as f:
@@ -327,7 +327,7 @@ def test_rag_watch_cli_writes_config_keeping_comments_and_unwatch_removes_it(tmp
     folder = tmp_path / "cli notes"
     folder.mkdir()
     (folder / "hello.md").write_text("# Hello\n\nthe capybara is calm\n")
-    with running_daemon(CONFIG + "# the user's own words, kept\nrrf_k = 60  # fusion constant\n") as d:
+    with running_daemon(CONFIG + "# the user's own words, kept\n[search]\ncandidates = 60  # fusion constant\n") as d:
         vid = create_vault(d, passphrase=PASSPHRASE)
         config = d.home / "config.toml"
         original = config.read_text()
@@ -336,11 +336,11 @@ def test_rag_watch_cli_writes_config_keeping_comments_and_unwatch_removes_it(tmp
         assert "added the watch" in r.stderr and "caught up now" in r.stderr
         text = config.read_text()
         assert text.startswith(original.rstrip("\n"))  # every line and comment of the user's file kept
-        assert tomllib.loads(text)["rag"]["watch"] == [{"vault": vid, "path": str(folder), "recursive": True, "include": ["*.md"], "prune": False}]
+        assert tomllib.loads(text)["watch"]["folder"] == [{"vault": vid, "path": str(folder), "recursive": True, "include": ["*.md"], "prune": False}]
         wait_for(lambda: hits(d, vid, "capybara"), message="the folder to be ingested")
         r = run_cli(d.home, "rag", "watch", "personal", str(folder), "--recursive", "--prune")
         assert r.returncode == 0 and "updated the watch" in r.stderr, r.stderr
-        watches = tomllib.loads(config.read_text())["rag"]["watch"]
+        watches = tomllib.loads(config.read_text())["watch"]["folder"]
         assert len(watches) == 1 and watches[0]["prune"] is True and "include" not in watches[0]
         wait_for(lambda: row(d, vid, folder)["prune"] and row(d, vid, folder)["state"] == "watching")
         r = run_cli(d.home, "rag", "status", "personal")
@@ -349,11 +349,11 @@ def test_rag_watch_cli_writes_config_keeping_comments_and_unwatch_removes_it(tmp
         r = run_cli(d.home, "rag", "unwatch", "personal", str(folder))
         assert r.returncode == 0 and "stopped watching" in r.stderr, r.stderr
         text = config.read_text()
-        assert "[[rag.watch]]" not in text and "# the user's own words, kept" in text and "# fusion constant" in text
+        assert "[[watch.folder]]" not in text and "# the user's own words, kept" in text and "# fusion constant" in text
         assert d.call("rag.status", {"vault": vid})["watch"] == []
         assert hits(d, vid, "capybara")  # its cards stay
         r = run_cli(d.home, "rag", "unwatch", "personal", str(folder))
-        assert r.returncode == 4 and "no [[rag.watch]] table" in r.stderr and r.stderr.count("\n") == 1
+        assert r.returncode == 4 and "no [[watch.folder]] table" in r.stderr and r.stderr.count("\n") == 1
         d.call("vault.lock", {"vault": vid})
         r = run_cli(d.home, "rag", "watch", vid, str(folder))
         assert r.returncode == 0 and "starts when vault personal is unlocked" in r.stderr, r.stderr
@@ -361,21 +361,21 @@ def test_rag_watch_cli_writes_config_keeping_comments_and_unwatch_removes_it(tmp
 
 def test_watch_tables_are_validated_with_one_line_naming_the_key(tmp_path: Path) -> None:
     base = tmp_path
-    cfg = parse_config({"rag": {"watch": [{"vault": "v", "path": "notes", "include": ["*.md"], "recursive": True}]}}, base)
-    assert cfg.rag.watch[0].path == str(base / "notes") and cfg.rag.watch[0].include == ("*.md",)
+    cfg = parse_config({"watch": {"folder": [{"vault": "v", "path": "notes", "include": ["*.md"], "recursive": True}]}}, base)
+    assert cfg.watch.folders[0].path == str(base / "notes") and cfg.watch.folders[0].include == ("*.md",)
     cases = [
-        ({"watch": {"vault": "v", "path": "/x"}}, "rag.watch must be an array of tables"),
-        ({"watch": [{"vault": "v"}]}, "needs path"),
-        ({"watch": [{"path": "/x"}]}, "needs vault"),
-        ({"watch": [{"vault": "v", "path": "/x", "prune": "yes"}]}, "rag.watch[1].prune"),
-        ({"watch": [{"vault": "v", "path": "/x"}, {"vault": "v", "path": "/x", "typo": 1}]}, "rag.watch[2].typo"),
-        ({"watch": [{"vault": "v", "path": "/x", "include": "*.md"}]}, "rag.watch[1].include"),
-        ({"watch": [{"vault": "v", "path": "/x"}, {"vault": "v", "path": "/x/"}]}, "both watch /x"),
-        ({"watch_debounce_seconds": 0}, "rag.watch_debounce_seconds"),
+        ({"folder": {"vault": "v", "path": "/x"}}, "watch.folder must be an array of tables"),
+        ({"folder": [{"vault": "v"}]}, "needs path"),
+        ({"folder": [{"path": "/x"}]}, "needs vault"),
+        ({"folder": [{"vault": "v", "path": "/x", "prune": "yes"}]}, "watch.folder[1].prune"),
+        ({"folder": [{"vault": "v", "path": "/x"}, {"vault": "v", "path": "/x", "typo": 1}]}, "watch.folder[2].typo"),
+        ({"folder": [{"vault": "v", "path": "/x", "include": "*.md"}]}, "watch.folder[1].include"),
+        ({"folder": [{"vault": "v", "path": "/x"}, {"vault": "v", "path": "/x/"}]}, "both watch /x"),
+        ({"debounce_seconds": 0}, "watch.debounce_seconds"),
     ]
-    for rag, expected in cases:
+    for table, expected in cases:
         with pytest.raises(ConfigError) as exc:
-            parse_config({"rag": rag}, base)
+            parse_config({"watch": table}, base)
         assert expected in exc.value.message and "\n" not in exc.value.message
 
 

@@ -81,7 +81,7 @@ def _convert(key: str, value: Any, tp: Any, ctx: _Ctx) -> Any:
 def _build(cls: Any, table: Any, prefix: str, ctx: _Ctx) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"config key {ctx.name(prefix)} must be a table ([{prefix}])")
-    known = {f.name: f for f in fields(cls) if f.name not in META_FIELDS}
+    known = {f.name: f for f in fields(cls) if not (cls is Config and f.name in META_FIELDS)}
     if prefix == "watch":  # [[watch.folder]] fills the field `folders`
         known = {("folder" if n == "folders" else n): f for n, f in known.items()}
     defaults = cls()

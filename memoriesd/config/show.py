@@ -35,7 +35,7 @@ def _plain(value: Any) -> Any:
 
 def _walk(obj: Any, default: Any, prefix: str, out: list[tuple[str, Any, Any]]) -> None:
     for f in fields(obj):
-        if f.name in META_FIELDS:
+        if isinstance(obj, Config) and f.name in META_FIELDS:
             continue
         key = f"{prefix}{f.name}"
         value, dflt = getattr(obj, f.name), getattr(default, f.name)
