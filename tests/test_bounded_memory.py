@@ -33,7 +33,7 @@ def test_spare_vectors_stay_under_their_share_and_an_undone_edit_reuses_its_vect
     model = tmp_path / "model"
     make_tiny_model(model, seed=5)
     # 0.05 MiB of vectors at 32 dims: spares may hold at most 0.0125 MiB = 102 vectors.
-    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n[index]\nmax_vector_mib = 0.05\n')
+    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\nmax_vector_mib = 0.05\n')
     vid = call(app, "vault.create", name="sp", passphrase=PW)["vault_id"]
     rid = call(app, "memory.add", vault=vid, title="t", body="coffee tea original")["id"]
     call(app, "rag.index", vault=vid)
@@ -56,7 +56,7 @@ def test_spare_vectors_stay_under_their_share_and_an_undone_edit_reuses_its_vect
 def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: Any, tmp_path: Path) -> None:  # noqa: F811
     model = tmp_path / "model"
     make_tiny_model(model, seed=6)
-    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\n[index]\nmax_vector_mib = 0.01\n')
+    app = make_app(f'[embedding.local]\nmodel_dir = "{model}"\n[index]\nbackground = false\nmax_vector_mib = 0.01\n')
     vid = call(app, "vault.create", name="rr", passphrase=PW)["vault_id"]
     rid = call(app, "memory.add", vault=vid, title="t", body="coffee tea original")["id"]
     call(app, "rag.index", vault=vid)

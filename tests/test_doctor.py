@@ -67,7 +67,7 @@ def test_a_broken_home_names_each_problem_with_its_fix_and_never_starts_the_daem
     (perm,) = by_check(report, "home")
     assert perm["status"] == "action" and "chmod -R go-rwx" in perm["fix"]
     (config,) = by_check(report, "config")
-    assert config["status"] == "action" and "rag.candidates" in config["message"] and "config.toml" in config["fix"]
+    assert config["status"] == "action" and "search.candidates" in config["message"] and "config.toml" in config["fix"]
     (model_check,) = by_check(report, "model")
     assert model_check["status"] == "action" and "tokenizer.json" in model_check["message"]
     assert "model-install" in model_check["fix"]

@@ -221,7 +221,7 @@ def test_missing_or_broken_model_files_raise_model_unavailable(models: dict[str,
         with pytest.raises(ModelUnavailable) as err:
             LocalEmbedder(path, threads=1)
         msg = err.value.message
-        assert "\n" not in msg and "memories rag model-install" in msg and "local_model_dir" in msg
+        assert "\n" not in msg and "memories rag model-install" in msg and "[embedding.local] model_dir" in msg
         return msg
 
     (tmp_path / "empty").mkdir()

@@ -173,7 +173,7 @@ def test_the_daemon_holds_vectors_as_configured_and_caps_them_in_those_bytes(tmp
         raise AssertionError(needs_shared("models/all-MiniLM-L6-v2-onnx"))
     docs, queries = _scifact(40, 1)
     cfg = (f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n'
-           '[index]\nmax_vector_mib = 0.03\nvector_precision = "{}"\n')
+           'max_vector_mib = 0.03\nvector_precision = "{}"\n')
     with running_daemon(cfg.replace("{}", "int8")) as d:
         vid = create_vault(d)
         for title, text in docs:

@@ -327,7 +327,7 @@ def test_rag_watch_cli_writes_config_keeping_comments_and_unwatch_removes_it(tmp
     folder = tmp_path / "cli notes"
     folder.mkdir()
     (folder / "hello.md").write_text("# Hello\n\nthe capybara is calm\n")
-    with running_daemon(CONFIG + "# the user's own words, kept\n[search]\ncandidates = 60  # fusion constant\n") as d:
+    with running_daemon("# the user's own words, kept\n[search]\ncandidates = 60  # fusion constant\n" + CONFIG) as d:
         vid = create_vault(d, passphrase=PASSPHRASE)
         config = d.home / "config.toml"
         original = config.read_text()
