@@ -150,6 +150,9 @@ def check_config(ctx: Context) -> list[Finding]:
         return [Finding("config", ACTION, exc.message, f"edit {path} (every key: config.example.toml)")]
     if not path.exists():
         return [Finding("config", OK, f"no {path}: every setting has its default")]
+    if ctx.config.deprecated:
+        return [Finding("config", INFO, f"{path} is valid but spells {len(ctx.config.deprecated)} key(s) the old way "
+                        "(read until the next release)", f"{cli_command('config', 'show')} names the new key of each")]
     return [Finding("config", OK, f"{path} is valid")]
 
 

@@ -366,3 +366,14 @@ def test_rag_watch_edits_an_old_layout_file_finding_old_tables_and_writing_new_o
     text = config.read_text()
     assert "# mine" in text and "watch_debounce_seconds = 2" in text and "path" not in text
     assert load_config(config).watch.folders == ()
+
+
+def test_doctor_says_an_old_spelling_is_read_and_where_to_find_the_new_key(tmp_path: Path) -> None:
+    from memories_cli.doctor_checks import INFO, Context, check_config
+    from memoriesd.home import Home
+
+    home = Home(tmp_path)
+    home.config_path.write_text("[rag]\ncontext_budget = 500\n")
+    (finding,) = check_config(Context(home, deep=False, environ={}))
+    assert finding.status == INFO and "1 key(s) the old way" in finding.message and "config show" in (finding.fix or "")
+    assert finding.check == "config"
