@@ -81,7 +81,7 @@ def rerank_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemo
         home = root / "h"
         write_config(
             home,
-            # ask_min_cosine = -1: no relevance floor, so every candidate goes to the rerank service
+            # min_cosine = -1: no relevance floor, so every candidate goes to the rerank service
             f'[embedding.local]\nmodel_dir = "{model}"\n[search]\nmin_cosine = -1\n'
             f'[rerank]\nprotocol = "compatible"\nurl = "{server.url}{RERANK}"\nmodel = "rr"\n'
             "[http]\nretries = 0\n",

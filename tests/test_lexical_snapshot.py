@@ -251,7 +251,7 @@ def test_deleted_vault_leaves_no_snapshot(vault_daemon: tuple[Daemon, str]) -> N
 
 
 def test_compaction_rewrites_the_snapshot_without_deleted_rows() -> None:
-    with notes_daemon("[index]\nmax_vaults = 1\n") as (d, vid):
+    with notes_daemon() as (d, vid):
         gone = d.call("memory.add", {"vault": vid, "title": "doomed", "body": "xylophonequark appears only here"})["id"]
         results(d, vid)
         d.call("vault.lock", {"vault": vid})

@@ -126,7 +126,7 @@ def test_damaged_sidecar_is_discarded_and_reembedded_not_corrupt(vdaemon: Daemon
 
 
 def test_on_demand_embedding_is_bounded_and_says_to_run_index(model_dirs: dict[str, Path]) -> None:
-    home = _home_with(model_dirs["a"], "on_demand_embed_limit = 2\n")
+    home = _home_with(model_dirs["a"], "[search]\non_demand_embed_limit = 2\n")
     d = Daemon(home).start()
     try:
         vid = create_vault(d)
