@@ -31,16 +31,16 @@ kdf_iterations = 1
 kdf_lanes = 1
 unlock_delay_step_ms = 5
 unlock_delay_max_ms = 20
-[rag]
-background_index = false
+[index]
+background = false
 """
 #: The defaults (Argon2id at its real cost), with the same delays.
 STRONG = """
 [vault]
 unlock_delay_step_ms = 5
 unlock_delay_max_ms = 20
-[rag]
-background_index = false
+[index]
+background = false
 """
 #: Requests sent again when the vault's process ended under them (as the CLI: harmless twice).
 RESEND = frozenset({"vault.unlock", "vault.status"})

@@ -112,7 +112,7 @@ def use_the_vault(call: Callable[[str, dict[str, Any]], Any], vid: str, canary: 
 def _canary_run(model_dir: Path) -> dict[str, Any]:
     canary = canaries()
     needles = {k: v.encode("utf-8") for k, v in canary.items()}
-    d = LiveDaemon(new_home(CHEAP.replace("background_index = false", f'local_model_dir = "{model_dir}"'))).start()
+    d = LiveDaemon(new_home(CHEAP.replace("[index]\nbackground = false", f'[embedding.local]\nmodel_dir = "{model_dir}"'))).start()
     try:
         router = d.processes()[0]
         vid = d.call("vault.create", {"name": "canaries", "passphrase": f"horse {canary['passphrase']}"})["vault_id"]

@@ -52,8 +52,8 @@ kdf_iterations = 1
 kdf_lanes = 1
 unlock_delay_step_ms = 1
 unlock_delay_max_ms = 2
-[rag]
-background_index = false
+[index]
+background = false
 """
 
 View = tuple[tuple[Any, ...], tuple[Any, ...]]
@@ -238,7 +238,7 @@ class Harness:
         home.root.mkdir(parents=True, mode=0o700)
         cfg = CHEAP
         if model:
-            cfg = cfg.replace("[rag]\n", f'[rag]\nlocal_model_dir = "{tiny_model()}"\nlocal_threads = 1\n')
+            cfg = cfg.replace("[index]\n", f'[embedding.local]\nmodel_dir = "{tiny_model()}"\nthreads = 1\n[index]\n')
         (home.root / "config.toml").write_text(cfg + extra_config)
         home.ensure()
         self.home = home
