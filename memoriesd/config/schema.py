@@ -45,7 +45,7 @@ class VaultConfig:
 class IndexConfig:
     """``[index]``: the search index of each unlocked vault (memory only), and how it is filled."""
 
-    # Sized from measured memory (README "Memory and the cache caps"): a vault of 150,000 fragments
+    # Sized from measured memory (docs/benchmarks.md "Memory and the cache caps"): a vault of 150,000 fragments
     # (192 MiB of text fits CJK notes; 768-dim int8 vectors take 110 MiB).
     max_fragments: int = 150000
     max_source_mib: float = 192.0
