@@ -26,7 +26,7 @@ A clean run takes about 1.5 minutes; a daemon or CLI that hangs costs up to its 
 ``zero_key_vectors`` needs the small real model at ../shared/models/all-MiniLM-L6-v2-onnx (or
 ``--model-dir``); it is skipped, as ok, when the model is missing. Only the standard library and
 the project's own dependencies are used; the daemon under test is the working tree's
-(``python -m memoriesd.server.daemon`` run from the repository root).
+(``python -m memoriesd.main`` run from the repository root).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class Daemon:
         env = dict(os.environ, ORT_DISABLE_TELEMETRY="1")
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [PYTHON, "-m", "memoriesd.server.daemon", "--home", str(self.home)],
+                [PYTHON, "-m", "memoriesd.main", "--home", str(self.home)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

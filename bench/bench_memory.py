@@ -183,7 +183,7 @@ def vector_child(path: Path, dims: int, key: bytes, precision: str, default_heap
     from memoriesd.vault import crypto
 
     if not default_heap:
-        from memoriesd.server.daemon import bound_heap
+        from memoriesd.workers.process import bound_heap
 
         bound_heap()  # as the daemon does at start
     sealer = crypto.Sealer(key, crypto.LABEL_VECTORS)
@@ -274,7 +274,7 @@ def model_child(model_dir: str) -> dict[str, Any]:
     import onnxruntime  # noqa: F401
 
     from memoriesd.embed.local import LocalEmbedder
-    from memoriesd.server.daemon import bound_heap
+    from memoriesd.workers.process import bound_heap
 
     bound_heap()  # as the daemon does at start
     base = proc_mem()

@@ -271,7 +271,7 @@ def role(pid: int, argv: list[str], status: dict[str, Any]) -> tuple[str, str | 
     if pid in (status.get("spare_process"), status.get("model_process")):
         return ("spare worker" if pid == status.get("spare_process") else "model"), None
     line, vault = " ".join(argv), argv[argv.index("--vault") + 1] if "--vault" in argv[:-1] else None
-    if "memoriesd.workers.worker" in line:
+    if "vault-process" in line:
         return ("vault worker?" if vault else "spare worker?"), vault
     return ("model?" if re.search(r"model|embed|onnx", line, re.IGNORECASE) else "other"), vault
 

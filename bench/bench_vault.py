@@ -142,7 +142,7 @@ class Daemon:
         t0 = time.perf_counter()
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(self.home)],
+                [sys.executable, "-m", "memoriesd.main", "--home", str(self.home)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

@@ -112,7 +112,7 @@ def start_daemon(
 def launch_daemon(home: Path) -> subprocess.Popen[bytes]:
     """Start ``memoriesd`` on ``home`` (its config.toml written) and wait until it answers."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
+        [sys.executable, "-m", "memoriesd.main", "--home", str(home)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO),
     )
     sock = home / "run" / "memoriesd.sock"

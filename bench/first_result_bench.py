@@ -71,7 +71,7 @@ class Daemon:
         self.last_cpu = 0.0
         run_env = dict(os.environ, PYTHONPATH=str(tree), ORT_DISABLE_TELEMETRY="1", **(env or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)],
+            [sys.executable, "-m", "memoriesd.main", "--home", str(home)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(tree), env=run_env,
         )
         sock = home / "run" / "memoriesd.sock"

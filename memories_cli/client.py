@@ -26,7 +26,7 @@ from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
 from memoriesd.workers.process import child_command
-from memoriesd.workers.routes import ENDING, route_request
+from memoriesd.workers.routes import ENDING, RESEND_WHEN_ENDED, route_request
 
 _ids = itertools.count(1)
 START_TIMEOUT = 30.0
@@ -35,9 +35,6 @@ DEFAULT_TIMEOUT = 30.0
 TIMEOUT_ENV = "MEMORIES_CLIENT_TIMEOUT"
 #: Routes asked for one request while a vault's process is ending (its vault just locked).
 ROUTE_ATTEMPTS = 6
-#: Requests sent again when the vault's process went away without answering (it was ending as the
-#: request arrived): doing them twice is harmless.
-RESEND_WHEN_ENDED = frozenset({"vault.unlock", "vault.status"})
 
 
 def client_timeout() -> float | None:
@@ -119,7 +116,7 @@ def start_daemon(home: Home, timeout: float = START_TIMEOUT) -> int:
     with open(err_path, "wb") as err:
         os.chmod(err_path, 0o600)
         proc = subprocess.Popen(
-            child_command("memoriesd.server.daemon", "--home", str(home.root)),
+            child_command("memoriesd.main", "--home", str(home.root)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,

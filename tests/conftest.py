@@ -72,7 +72,7 @@ class Daemon:
 
     def start(self, timeout: float = 30.0, preexec_fn: Any = None) -> Daemon:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(self.home)],
+            [sys.executable, "-m", "memoriesd.main", "--home", str(self.home)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -149,7 +149,7 @@ def test_bad_config_stops_daemon_with_one_line_naming_key() -> None:
     root = short_tmpdir()
     home = root / "h"
     write_config(home, "[daemon]\nauto_lock_minutes = -3\n")
-    r = subprocess.run([sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)], capture_output=True, text=True, cwd=REPO, timeout=30)
+    r = subprocess.run([sys.executable, "-m", "memoriesd.main", "--home", str(home)], capture_output=True, text=True, cwd=REPO, timeout=30)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "daemon.auto_lock_minutes" in r.stderr and "-3" in r.stderr
     r = run_cli(home, "vault", "list")

@@ -403,7 +403,7 @@ def test_a_broken_handler_import_stops_the_daemon_at_start(module: str) -> None:
     code = (
         "import sys\n"
         f"sys.modules[{module!r}] = None  # any import of it now raises ImportError\n"
-        "from memoriesd.server.daemon import main\n"
+        "from memoriesd.main import main\n"
         "main()\n"
     )
     try:

@@ -298,7 +298,7 @@ def test_lone_surrogates_in_json_are_invalid_params_and_nothing_is_lost(daemon: 
 
 def test_second_daemon_on_same_home_exits_with_clear_message(daemon: Daemon) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "memoriesd.server.daemon", "--home", str(daemon.home)], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "memoriesd.main", "--home", str(daemon.home)], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "already running" in r.stderr and "Traceback" not in r.stderr
@@ -321,7 +321,7 @@ def test_too_long_home_is_a_clear_error() -> None:
     root = short_tmpdir()
     home = root / ("x" * 120)
     try:
-        r = subprocess.run([sys.executable, "-m", "memoriesd.server.daemon", "--home", str(home)], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([sys.executable, "-m", "memoriesd.main", "--home", str(home)], capture_output=True, text=True, timeout=30)
         assert r.returncode == 1 and "too long for a Unix socket" in r.stderr and r.stderr.count("\n") == 1
         r = run_cli(home, "vault", "list")
         assert r.returncode != 0 and "too long" in r.stderr and "Traceback" not in r.stderr

@@ -22,8 +22,9 @@ from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
 from memoriesd.index.vector_store import VectorStore, list_sidecars
 from memoriesd.indexing.background import HOLD_ENV
+from memoriesd.main import build_app
+from memoriesd.server.app import App
 from memoriesd.server.context import Context, Params
-from memoriesd.server.daemon import App
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
 
@@ -57,7 +58,7 @@ def make_app() -> Iterator[Any]:
         home = Home(root / "h")
         write_config(home.root, extra)
         home.ensure()
-        app = App(home, load_config(home.config_path))
+        app = build_app(home, load_config(home.config_path))
         apps.append(app)
         return app
 

@@ -14,9 +14,10 @@ import pytest
 
 from memoriesd.config import load_config
 from memoriesd.home import Home
+from memoriesd.main import build_app
 from memoriesd.rag.query_cache import QueryCache, cache_key
+from memoriesd.server.app import App
 from memoriesd.server.context import Context, Params
-from memoriesd.server.daemon import App
 
 from .conftest import SHARED, short_tmpdir, write_config
 
@@ -68,7 +69,7 @@ def app() -> Iterator[App]:
     home = Home(root / "h")
     write_config(home.root, f'[embedding.local]\nmodel_dir = "{MINILM}"\nthreads = 2\n[index]\nbackground = false\n')
     home.ensure()
-    application = App(home, load_config(home.config_path))
+    application = build_app(home, load_config(home.config_path))
     yield application
     application.vaults.lock_all("test end")
     shutil.rmtree(root, ignore_errors=True)

@@ -18,7 +18,6 @@ _.inter_op_num_threads
 _.log_severity_level
 _.__cause__  # exception chaining set by hand (memoriesd/vault/store.py)
 _.on_any_event  # watchdog.events.FileSystemEventHandler override (memoriesd/watch/watcher.py)
-METHOD_MODULES  # keeps the handler modules' imports: importing each registers its methods (server/daemon.py)
 
 # Seams the tests and benchmarks use: part of each module's interface, not reached by the product itself.
 _.total_bytes  # ModelManifest: tests/test_model_install.py

@@ -27,7 +27,7 @@ from ..vault.store import VaultStore
 from .fragments import KIND
 from .model import Conversation, meta_for, session_day
 
-#: Largest record body (the same bound as `memory add`: server.handlers.MAX_BODY_BYTES).
+#: Largest record body (the same bound as `memory add`: server.methods.records.MAX_BODY_BYTES).
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 

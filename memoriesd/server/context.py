@@ -5,10 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, InvalidParams
 from ..text.unicode import unpaired_surrogate
+
+if TYPE_CHECKING:
+    from .grants import PresentedGrant
 
 _MISSING = object()
 
@@ -16,7 +19,7 @@ _MISSING = object()
 class Params:
     """Typed access to a request's params; wrong shapes are ``invalid_params``, never a crash."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: object) -> None:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -108,7 +111,7 @@ class Context:
     params: Params
     send_progress: Callable[[dict[str, Any]], None] = lambda _p: None
     cancelled: threading.Event = field(default_factory=threading.Event)
-    grant: Any = None  # a Grant when the connection presented one (MCP)
+    grant: PresentedGrant | None = None  # when the connection presented one (MCP)
     # Extra checks run by check_cancelled(): each raises (e.g. Cancelled, VaultLocked) to stop work.
     checks: list[Callable[[], None]] = field(default_factory=list)
     # Releases of the vault leases this request took (see VaultManager.use); run when it ends.

@@ -1,8 +1,10 @@
-"""`memoriesd`: the long-running daemon on a Unix socket in the Memories home.
+"""The daemon's socket server: connections, frames, limits, and the stop sequence.
 
-One daemon per home (an flock on ``run/memoriesd.lock``). The process that owns the socket is the
-*router* (:mod:`memoriesd.workers.router`): it holds no vault key, passphrase or note; each unlocked
-vault is served by its own process, which lock ends, and the local model by a model process. Every connection's peer uid is checked
+The process is assembled by :mod:`memoriesd.main` (one daemon per home, an flock on
+``run/memoriesd.lock``). The process that owns the socket is the *router*
+(:mod:`memoriesd.workers.router`): it holds no vault key, passphrase or note; each unlocked vault
+is served by its own process (the same server on its own socket), which lock ends, and the local
+model by a model process. Every connection's peer uid is checked
 with SO_PEERCRED. Requests are served concurrently in worker threads; one bad client never
 affects others. SIGTERM/SIGINT: stop accepting, let in-flight writes finish, lock (wipe) every
 vault, remove the socket and pid file, exit 0.
@@ -10,11 +12,9 @@ vault, remove the socket and pid file, exit 0.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -23,53 +23,19 @@ import struct
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-# Before anything can import onnxruntime (see SECURITY.md: no telemetry files).
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-
-from .. import __version__  # noqa: E402
-from ..config import Config, load_config  # noqa: E402
-from ..errors import (  # noqa: E402
-    Busy,
-    DaemonRunning,
-    FrameTooLarge,
-    Internal,
-    InvalidParams,
-    MemoriesError,
-    ProtocolError,
-    UnknownMethod,
-    VaultLocked,
-)
-from ..home import Home, resolve_home  # noqa: E402
-from ..rag.engine import RagEngine  # noqa: E402
-from ..vault.crypto import KeyWiped  # noqa: E402
-from ..vault.manager import VaultManager  # noqa: E402
-from ..watch import WatchService  # noqa: E402
-from ..workers import router  # noqa: E402  (vault.route, model.route and the router role)
-from ..workers.process import bound_heap, harden, setup_logging  # noqa: E402
-from . import (  # noqa: E402
-    conversation_handlers,
-    extract_handlers,
-    grants,
-    handlers,
-    memory_handlers,
-    protocol,
-    rag_handlers,
-    tidy_handlers,
-)
-from .config_watch import ConfigWatch, name_config_path  # noqa: E402
-from .context import Context, Params  # noqa: E402
-from .handlers import HANDLERS  # noqa: E402
-from .lograte import installed_limits  # noqa: E402
-
-# Every method family, imported eagerly and unconditionally: each module registers its methods in
-# HANDLERS, and a module that fails to import stops the daemon at start (never a silent "unknown
-# method" for a whole family later).
-METHOD_MODULES = (handlers, grants, rag_handlers, memory_handlers, tidy_handlers, conversation_handlers, extract_handlers, router)
+from .. import __version__
+from ..errors import Busy, FrameTooLarge, Internal, InvalidParams, MemoriesError, ProtocolError
+from . import grants, protocol
+from .app import App
+from .config_watch import name_config_path
+from .context import Context, Params
+from .grants import PresentedGrant
+from .lograte import installed_limits
 
 log = logging.getLogger("memoriesd")
+T = TypeVar("T")
 
 #: File descriptors kept free for everything but client connections (vault files, the model, the log).
 FD_RESERVE = 64
@@ -105,46 +71,6 @@ def connection_limit(configured: int, nofile: int) -> int:
     return max(1, min(configured, nofile - FD_RESERVE))
 
 
-class App:
-    """Everything a handler may use: home, config, vaults and the retrieval engine."""
-
-    workers: Any = None  # the process role (memoriesd.workers): the Router or a vault's worker; None = in-process use
-
-    def __init__(self, home: Home, config: Config, config_watch: ConfigWatch | None = None, vaults: Any = None) -> None:
-        self.home = home
-        self.config = config
-        # config.toml as read at start: an edit since is said in every reply ("restart pending").
-        self.config_watch = config_watch or ConfigWatch(home.config_path)
-        self.vaults = vaults or VaultManager(home, config)
-        self.started = time.monotonic()
-        self._stop_cb: Any = None
-        self.rag: Any = RagEngine(self)
-        self.watch = WatchService(self)  # [[watch.folder]] folders, watched while their vault is unlocked
-
-    def notices(self) -> list[str]:
-        """Notices every reply carries (the frame's ``notices``): today, an edited config.toml."""
-        return self.config_watch.notices()
-
-    def request_stop(self) -> None:
-        if self._stop_cb is not None:
-            self._stop_cb()
-
-    def dispatch(self, method: str, ctx: Context) -> dict[str, Any]:
-        handler = HANDLERS.get(method) if self.workers is None else self.workers.handler(method)
-        if handler is None:
-            raise UnknownMethod(f"unknown method {method!r}: the CLI and daemon versions may differ")
-        try:
-            if ctx.grant is None:
-                return handler(self, ctx)
-            from .grants import run_granted  # noqa: PLC0415
-
-            return run_granted(self, ctx, method, handler)
-        except KeyWiped as exc:  # the vault was locked under the operation (past the drain bound)
-            raise VaultLocked("the vault was locked during the operation: unlock it and run the command again") from exc
-        finally:
-            ctx.release()
-
-
 class Connection:
     """One client. Bounded: at most ``max_requests_per_connection`` requests in flight (no further frame
     is read until one ends: backpressure on the client), replies it does not read for
@@ -157,7 +83,7 @@ class Connection:
         self.writer = writer
         self.write_lock = asyncio.Lock()
         self.cancelled = threading.Event()
-        self.grant: Any = None
+        self.grant: PresentedGrant | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.slots = asyncio.Semaphore(server.max_inflight)
         self.last_active = time.monotonic()
@@ -264,8 +190,8 @@ class Connection:
             if not isinstance(method, str):
                 raise InvalidParams("the request has no method")
             if self.server.stopping.is_set():  # accepted before the listener closed: nothing may run now
-                ending = getattr(self.server.app.workers, "ending_error", None)
-                raise ending() if callable(ending) else Busy("memoriesd is stopping: run the command again in a moment")
+                role = self.server.app.workers
+                raise role.ending_error() if role is not None else Busy("memoriesd is stopping: run the command again in a moment")
             if method == "session.grant":
                 fut = loop.run_in_executor(self.server.pool, grants.present_grant, self.server.app, self, Params(req.get("params")))
                 result = await self._keepalive_until(rid, fut)
@@ -289,7 +215,7 @@ class Connection:
             err = Internal("the daemon hit an internal error; details are in the daemon log (logs/memoriesd.log)")
             await self.send(self._reply(rid, "error", err.to_dict()))
 
-    def _reply(self, rid: Any, kind: str, body: Any) -> dict[str, Any]:
+    def _reply(self, rid: object, kind: str, body: object) -> dict[str, Any]:
         """A result or error frame, with the daemon's ``notices`` (e.g. a pending restart) when there are any."""
         frame: dict[str, Any] = {"id": rid, kind: body}
         try:
@@ -301,7 +227,7 @@ class Connection:
             frame["notices"] = notices
         return frame
 
-    async def _keepalive_until(self, rid: Any, fut: asyncio.Future[Any]) -> Any:
+    async def _keepalive_until(self, rid: object, fut: asyncio.Future[T]) -> T:
         """Await ``fut``, sending ``{"id": rid, "progress": {"keepalive": true}}`` every ``keepalive_seconds``
         meanwhile, so a client can tell a long request from a hung daemon."""
         while True:
@@ -337,7 +263,7 @@ class Server:
         except OSError:
             return None
         _pid, uid, _gid = struct.unpack("3i", creds)
-        return uid
+        return int(uid)
 
     async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         uid = self.peer_uid(writer)
@@ -442,7 +368,11 @@ class Server:
         listener.listen(128)
         listener.setblocking(False)
         accepting = loop.create_task(self.accept_loop(listener))
-        self.app._stop_cb = lambda: loop.call_soon_threadsafe(self.stopping.set)
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(self.stopping.set)
+
+        self.app.stop_callback = stop
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         log.info("memoriesd %s serving (pid %d)", __version__, os.getpid())
@@ -485,72 +415,4 @@ class Server:
                 limit.flush_all()
 
 
-def acquire_lock(home: Home) -> int:
-    fd = os.open(home.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as exc:
-        os.close(fd)
-        raise DaemonRunning(
-            f"another memoriesd is already running for the home {home.root}: stop it with `memories daemon stop`"
-        ) from exc
-    return fd
-
-
-def run_daemon(home: Home) -> int:
-    home.ensure()
-    home.check_socket_path()
-    config_watch = ConfigWatch(home.config_path)  # before reading it: an edit from now on is noticed
-    config = load_config(home.config_path)
-    lock_fd = acquire_lock(home)
-    try:
-        setup_logging(home, config.daemon.log_level)
-        # We hold the lock, so any socket or pid file left behind is stale (a crash).
-        for stale in (home.socket_path, home.pid_path):
-            if stale.exists():
-                logging.getLogger("memoriesd").warning("removed a stale %s from an earlier crash", stale.name)
-                stale.unlink()
-        home.pid_path.write_text(f"{os.getpid()}\n")
-        nofile = raise_nofile_limit()
-        for note in config.deprecated:
-            log.warning("config.toml: %s", note)
-        app = App(home, config, config_watch)
-        app.workers = router.Router(app, keep_fds=(lock_fd,))  # every vault in a process of its own
-        try:
-            asyncio.run(Server(app, nofile).run())
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                home.pid_path.unlink()
-        log.info("stopped")
-        return 0
-    finally:
-        os.close(lock_fd)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="memoriesd",
-        description="The Memories daemon: keeps vaults decrypted only in its own memory and serves the "
-        "`memories` CLI over a Unix socket in the Memories home. Runs in the foreground.",
-    )
-    parser.add_argument("--home", help="Memories home (default: $MEMORIES_HOME, else ~/.memories)")
-    parser.add_argument("--version", action="version", version=f"memoriesd {__version__}")
-    args = parser.parse_args(argv)
-    harden()
-    bound_heap()
-    try:
-        home = resolve_home(args.home)
-        code = run_daemon(home)
-    except MemoriesError as exc:
-        print(f"memoriesd: error[{exc.code}]: {exc.message}", file=sys.stderr)
-        code = 1
-    except KeyboardInterrupt:
-        code = 0
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()
-
-
-__all__ = ["main", "App", "Server", "Path"]
+__all__ = ["Server", "Connection", "raise_nofile_limit", "connection_limit"]

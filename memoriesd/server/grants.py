@@ -25,18 +25,23 @@ from __future__ import annotations
 import base64
 import logging
 import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import GrantInvalid, MemoriesError, NotFound, ScopeDenied, UsageError, VaultLocked
+from ..errors import GrantInvalid, Internal, MemoriesError, NotFound, ScopeDenied, UsageError, VaultLocked
 from ..vault import crypto
 from ..vault.records import UNSEARCHABLE_KINDS, Record, new_record_id
+from ..vault.rekey import Rekeying
 from ..vault.store import Setting, VaultStore
 from .context import Context, Params
-from .handlers import method
+
+if TYPE_CHECKING:
+    from ..vault.manager import VaultManager
+    from .app import App
+    from .daemon import Connection
+    from .method import Handler
 
 log = logging.getLogger("memoriesd.grants")
 
@@ -55,30 +60,6 @@ MAX_LABEL = 200
 # lock): a write bumps the vault generation, which would cancel an owner's long indexing run.
 PERSIST_LAST_USE_SECONDS = 600.0
 
-# The only methods a grant connection may call, and the scope each needs.
-SCOPE_OF_METHOD = {
-    "memory.search": "search",
-    "memory.read": "read",
-    "rag.search": "retrieve",
-    "rag.ask": "ask",
-    "rag.context": "context",
-    "memory.remember": "remember",
-    "memory.capture": "capture",
-    "memory.forget": "forget",
-}
-# Parameters a grant may choose per method; everything else (vault, with_data, tuning) is dropped.
-ALLOWED_PARAMS = {
-    "memory.search": ("query", "limit", "match_mode", "cards_only"),
-    "memory.read": ("id", "revision"),
-    "rag.search": ("query", "mode", "limit", "match_mode", "no_rerank", "min_score", "cards_only"),
-    "rag.ask": ("question", "mode", "limit", "match_mode", "no_rerank", "cards_only"),
-    "rag.context": ("query", "budget"),
-    # Facts only: no tags, no kind, no id: a grant cannot edit or delete anything with it.
-    "memory.remember": ("text", "category", "key", "importance"),
-    # A conversation the assistant had: its text and how to read it; never a record id or tags.
-    "memory.capture": ("text", "format", "title", "date", "session_id", "extract"),
-    "memory.forget": ("ids", "query", "scope", "all", "kind", "dry_run"),
-}
 _ID = re.compile(r"^[a-z0-9]{6,32}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
 
@@ -136,7 +117,7 @@ def _token_hash(store: VaultStore, token: str, rec: dict[str, Any] | None = None
         crypto.wipe(key)
 
 
-def carry_grant(key: str, value: Any, rk: Any) -> Any:
+def carry_grant(key: str, value: object, rk: Rekeying) -> object:
     """A key change's setting rewrite (:class:`~memoriesd.vault.rekey.RekeyParts`): a grant keeps
     working under the new vault key, so it carries the grant subkey of the key its token hash was
     made with (sealed in the log like the hash; it derives nothing else, and opens nothing)."""
@@ -162,14 +143,15 @@ def _revoked() -> GrantInvalid:
 # ---------------------------------------------------------------------------- last use
 
 
-class _Uses:
-    """In-memory `last use` per grant, flushed to the vault now and then and when it locks."""
+class GrantUses:
+    """In-memory `last use` per grant, flushed to the vault now and then and when it locks (one per
+    :class:`~memoriesd.server.app.App`, its ``grant_uses``)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, vaults: VaultManager) -> None:
         self.lock = threading.Lock()
         self.last: dict[tuple[str, str], float] = {}
         self.stores: dict[str, VaultStore] = {}
-        app.vaults.on_lock(self.flush)
+        vaults.on_lock(self.flush)
 
     def touch(self, store: VaultStore, grant_id: str, rec: dict[str, Any]) -> None:
         t = round(time.time(), 3)
@@ -208,22 +190,10 @@ class _Uses:
                 log.warning("could not record the last use of a grant")
 
 
-_uses_guard = threading.Lock()
-
-
-def _uses(app: Any) -> _Uses:
-    with _uses_guard:
-        uses = getattr(app, "_grant_uses", None)
-        if uses is None:
-            uses = _Uses(app)
-            app._grant_uses = uses
-        return uses
-
-
 # ---------------------------------------------------------------------------- verification
 
 
-def verify(app: Any, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]:
+def verify(app: App, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]:
     """The unlocked store and grant record, or the error the grant's holder must see."""
     if grant.poisoned:
         raise _revoked()
@@ -252,7 +222,7 @@ def verify(app: Any, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]
     return store, rec
 
 
-def present_grant(app: Any, conn: Any, params: Params) -> dict[str, Any]:
+def present_grant(app: App, conn: Connection, params: Params) -> dict[str, Any]:
     """`session.grant {token}`: from now on this connection may do only what the grant allows."""
     if conn.grant is not None:
         raise UsageError("this connection has already presented a grant: open a new connection for another one")
@@ -283,11 +253,19 @@ def present_grant(app: Any, conn: Any, params: Params) -> dict[str, Any]:
     }
 
 
-def authorize(app: Any, ctx: Context, method_name: str) -> None:
+def presented(ctx: Context) -> PresentedGrant:
+    """The grant a request's connection presented (the grant hooks run only on such connections)."""
+    if ctx.grant is None:
+        raise Internal("a grant check ran on a connection that presented no grant")
+    return ctx.grant
+
+
+def authorize(app: App, ctx: Context, method_name: str) -> None:
     """Before a handler on a grant connection: scope, vault, validity; rewrite the params."""
-    grant: PresentedGrant = ctx.grant
-    scope = SCOPE_OF_METHOD.get(method_name)
-    if scope is None:
+    grant = presented(ctx)
+    declared = app.methods.get(method_name)
+    scope = declared.scope if declared is not None else None
+    if declared is None or scope is None:
         raise ScopeDenied(
             "a grant may only search, read, retrieve, ask, get context, remember facts, capture conversations and "
             "forget: vault "
@@ -305,7 +283,7 @@ def authorize(app: Any, ctx: Context, method_name: str) -> None:
         )
     if method_name == "memory.forget" and raw.get("kind") in UNSEARCHABLE_KINDS:
         raise ScopeDenied("a grant cannot forget credentials or files: the person can, with `memories memory forget`")
-    clean = {k: raw[k] for k in ALLOWED_PARAMS[method_name] if k in raw}
+    clean = {k: raw[k] for k in declared.grant_params if k in raw}
     clean["vault"] = grant.vault_id
     if rec.get("cards_only"):
         clean["cards_only"] = True
@@ -317,7 +295,7 @@ def authorize(app: Any, ctx: Context, method_name: str) -> None:
             raise _locked(grant.vault_id)
 
     ctx.checks.append(still_valid)
-    _uses(app).touch(store, grant.grant_id, rec)
+    app.grant_uses.touch(store, grant.grant_id, rec)
 
 
 def _hidden(rec: Record | None, cards_only: bool) -> bool:
@@ -326,7 +304,7 @@ def _hidden(rec: Record | None, cards_only: bool) -> bool:
     return cards_only and rec.kind != "card"
 
 
-def _lookup(store: VaultStore, record_id: Any) -> Record | None:
+def _lookup(store: VaultStore, record_id: object) -> Record | None:
     try:
         return store.get(str(record_id))
     except NotFound:
@@ -345,7 +323,7 @@ def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> No
     return NotFound(f"no record {record_id} in this vault")  # pragma: no cover - probe cannot exist
 
 
-def run_granted(app: Any, ctx: Context, method_name: str, handler: Any) -> dict[str, Any]:
+def run_granted(app: App, ctx: Context, method_name: str, handler: Handler) -> dict[str, Any]:
     """A grant connection's call: authorize, run, and filter what comes back.
 
     ``memory.read`` failures are re-worded as for an id that does not exist, so that a hidden
@@ -357,14 +335,14 @@ def run_granted(app: Any, ctx: Context, method_name: str, handler: Any) -> dict[
     except NotFound:
         if method_name != "memory.read":
             raise
-        store, _ = verify(app, ctx.grant)
+        store, _ = verify(app, presented(ctx))
         raise _missing_like(store, str(ctx.params.raw.get("id", "")), ctx.params.raw.get("revision")) from None
     return filter_result(app, ctx, method_name, result)
 
 
-def filter_result(app: Any, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
+def filter_result(app: App, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
     """After a handler: drop a late result, hide what a grant may never see."""
-    store, rec = verify(app, ctx.grant)  # expired, revoked or locked meanwhile: the result is dropped
+    store, rec = verify(app, presented(ctx))  # expired, revoked or locked meanwhile: the result is dropped
     cards_only = bool(rec.get("cards_only"))
     if method_name == "memory.read":
         record = _lookup(store, result.get("id"))
@@ -458,13 +436,13 @@ def _forget_view(store: VaultStore, result: dict[str, Any], rec: dict[str, Any])
     return out
 
 
-def granted_targets(app: Any, ctx: Context, targets: list[Any], named: list[str]) -> list[Any]:
+def granted_targets(app: App, ctx: Context, targets: list[Any], named: list[str]) -> list[Any]:
     """What a grant's ``memory.forget`` may take: only records it may see.
 
     A named id it may not see (private, credential, file, deleted, or missing) is refused exactly
     like an id the vault does not hold; ``all`` and ``--query`` simply skip such records.
     """
-    store, rec = verify(app, ctx.grant)
+    store, rec = verify(app, presented(ctx))
     cards_only = bool(rec.get("cards_only"))
     for rid in named:
         if _hidden(_lookup(store, rid), cards_only):
@@ -472,119 +450,11 @@ def granted_targets(app: Any, ctx: Context, targets: list[Any], named: list[str]
     return [t for t in targets if not _hidden(_lookup(store, t.record.id), cards_only)]
 
 
-# ---------------------------------------------------------------------------- owner methods
-
-
-def _grant_view(vault_id: str, rec: dict[str, Any], uses: _Uses) -> dict[str, Any]:
-    seen = uses.seen(vault_id, str(rec["id"]))
-    last = max(float(rec.get("last_used") or 0.0), seen or 0.0) or None
-    expires = rec.get("expires")
-    return {
-        "grant_id": rec["id"],
-        "vault_id": vault_id,
-        "label": rec.get("label", ""),
-        "scopes": list(rec.get("scopes", [])),
-        "cards_only": bool(rec.get("cards_only")),
-        "created": rec.get("created"),
-        "expires": expires,
-        "expired": expires is not None and time.time() >= float(expires),
-        "last_used": last,
-    }
-
-
-def _grants_of(store: VaultStore) -> list[dict[str, Any]]:
-    with store.lock:
-        return [dict(v) for k, v in store.settings.items() if k.startswith(SETTING_PREFIX) and isinstance(v, dict)]
-
-
-@method("grant.create")
-def grant_create(app: Any, ctx: Context) -> dict[str, Any]:
-    p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
-    scopes = p.texts("scopes", list(DEFAULT_SCOPES))
-    unknown = [s for s in scopes if s not in SCOPES]
-    if unknown or not scopes:
-        raise UsageError(f"scopes must be a non-empty list of {', '.join(SCOPES)}")
-    if "forget-all" in scopes:
-        scopes.append("forget")  # forget-all widens forget: it never comes alone
-    scopes = [s for s in SCOPES if s in scopes]
-    if "ttl_seconds" in p.raw and p.raw["ttl_seconds"] is None:
-        expires = None
-    else:
-        ttl = p.integer("ttl_seconds", DEFAULT_TTL_SECONDS, lo=1, hi=MAX_TTL_SECONDS)
-        expires = round(time.time() + ttl, 3)
-    grant_id = new_record_id()[:12]
-    token = f"{TOKEN_PREFIX}{store.vault_id}_{grant_id}_{secrets.token_urlsafe(32)}"
-    rec = {
-        "id": grant_id,
-        "hash": _token_hash(store, token),
-        "scopes": scopes,
-        "cards_only": p.flag("cards_only", False),
-        "expires": expires,
-        "label": p.text("label", "", max_len=MAX_LABEL),
-        "created": round(time.time(), 3),
-        "last_used": None,
-    }
-    store.commit([Setting(SETTING_PREFIX + grant_id, rec)])
-    log.info("grant %s created for vault %s", grant_id, store.vault_id)
-    return {
-        "grant_id": grant_id,
-        "token": token,
-        "vault_id": store.vault_id,
-        "scopes": scopes,
-        "cards_only": rec["cards_only"],
-        "expires": expires,
-        "label": rec["label"],
-    }
-
-
-@method("grant.list")
-def grant_list(app: Any, ctx: Context) -> dict[str, Any]:
-    ref = ctx.params.text("vault", None)
-    uses = _uses(app)
-    ids = [app.vaults.resolve(ref)] if ref else [v["vault_id"] for v in app.vaults.list_vaults()]
-    grants: list[dict[str, Any]] = []
-    locked: list[str] = []
-    for vid in ids:
-        store = app.vaults.use(vid, ctx) if ref else app.vaults.try_use(vid, ctx)
-        if store is None:
-            locked.append(vid)
-            continue
-        grants.extend(_grant_view(vid, rec, uses) for rec in _grants_of(store))
-    grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
-    return {"grants": grants, "locked_vaults": locked}
-
-
-@method("grant.revoke")
-def grant_revoke(app: Any, ctx: Context) -> dict[str, Any]:
-    p = ctx.params
-    if p.flag("all", False):
-        store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
-        with store.lock:  # read and delete together: a grant in use cannot be written back between
-            ids = sorted(str(r["id"]) for r in _grants_of(store))
-            store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
-        log.info("revoked %d grants of vault %s", len(ids), store.vault_id)
-        return {"revoked": ids, "vault_id": store.vault_id}
-    grant_id = p.text("grant_id", allow_empty=False, max_len=64)
-    locked = False
-    for v in app.vaults.list_vaults():
-        store = app.vaults.try_use(v["vault_id"], ctx)
-        if store is None:
-            locked = True
-            continue
-        with store.lock:
-            found = SETTING_PREFIX + grant_id in store.settings
-            if found:
-                store.commit([Setting(SETTING_PREFIX + grant_id, None)])
-        if found:
-            log.info("grant %s of vault %s revoked", grant_id, store.vault_id)
-            return {"revoked": [grant_id], "vault_id": store.vault_id}
-    hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
-    raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
-
 
 __all__ = [
     "PresentedGrant",
+    "GrantUses",
+    "SETTING_PREFIX",
     "parse_token",
     "verify",
     "present_grant",

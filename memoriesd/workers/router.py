@@ -30,20 +30,24 @@ import re
 import secrets
 import subprocess
 import threading
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import Internal, MemoriesError, ModelUnavailable, NotFound, ProtocolError
-from ..server import handlers
+from ..errors import Busy, Internal, MemoriesError, ModelUnavailable, NotFound, ProtocolError
 from ..server.context import Context, Params
 from ..server.grants import _locked, _revoked
-from ..server.handlers import HANDLERS, method
+from ..server.method import Handler, Method
+from ..server.methods import vaults as vault_methods
 from ..vault.live import locked_error
 from ..vault.records import new_record_id
 from .model_client import ask as ask_socket
 from .process import child_command
-from .routes import CREATE_METHOD, START_METHODS
+
+if TYPE_CHECKING:
+    from ..server.app import App
+    from ..server.daemon import Server
 
 log = logging.getLogger("memoriesd.workers")
 
@@ -72,20 +76,25 @@ def route_first(what: str) -> ProtocolError:
     )
 
 
-@method("vault.route")
-def vault_route(app: Any, ctx: Context) -> dict[str, Any]:
+def vault_route(app: App, ctx: Context) -> dict[str, Any]:
     """Where to send a vault's requests: the socket of the process that serves it."""
     if not isinstance(app.workers, Router):
         raise ProtocolError("vault.route is the main daemon's: send it to its socket")
     return app.workers.route(ctx.params)
 
 
-@method("model.route")
-def model_route(app: Any, ctx: Context) -> dict[str, Any]:
+def model_route(app: App, ctx: Context) -> dict[str, Any]:
     """Where a vault's process reaches the local embedding model (started on first use)."""
     if not isinstance(app.workers, Router):
         raise ProtocolError("model.route is the main daemon's: send it to its socket")
     return app.workers.model.route(ctx.params.text("vault", allow_empty=False, max_len=64))
+
+
+#: The router's own methods (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("vault.route", vault_route, route="router"),
+    Method("model.route", model_route, route="router"),
+]
 
 
 def _stop(proc: subprocess.Popen[bytes], ended: threading.Event, what: str) -> None:
@@ -212,7 +221,7 @@ class ModelHost:
 class Router:
     """The ``app.workers`` role of the main daemon: every vault is served by a process of its own."""
 
-    def __init__(self, app: Any, keep_fds: tuple[int, ...] = ()) -> None:
+    def __init__(self, app: App, keep_fds: tuple[int, ...] = ()) -> None:
         self.app = app
         self.home = app.home
         # The home's daemon lock, inherited by every child: a daemon started after a crash of this
@@ -226,7 +235,10 @@ class Router:
         self.closed = False
         self.model = ModelHost(self)
         self._asking = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="memoriesd-ask")
-        self._overrides = {
+        # The router's side of methods that need every vault's process (asked at once) or must
+        # end one; every other method runs as declared in the table, refused when a vault's
+        # process serves the vault it names.
+        self._overrides: dict[str, Handler] = {
             "vault.list": self._vault_list,
             "vault.status": self._vault_status,
             "vault.lock": self._vault_lock,
@@ -235,8 +247,6 @@ class Router:
             "grant.list": self._grant_list,
             "grant.revoke": self._grant_revoke,
             "rag.watch_reload": self._watch_reload,
-            "vault.route": vault_route,
-            "model.route": model_route,
         }
         for stale in [*self.home.run.glob("w*.sock"), *self.home.run.glob("m*.sock")]:  # we hold the home's lock
             with contextlib.suppress(OSError):
@@ -244,22 +254,28 @@ class Router:
 
     # ------------------------------------------------------------------ the daemon's hooks
 
-    def handler(self, name: str) -> Any:
+    def handler(self, name: str) -> Handler | None:
         if name in self._overrides:
             return self._overrides[name]
-        base = HANDLERS.get(name)
-        if base is None:
+        declared = self.app.methods.get(name)
+        if declared is None:
             return None
+        if any(declared is own for own in METHODS):  # vault.route, model.route: about vaults, never refused
+            return declared.handler
+        base = declared.handler
 
-        def guarded(app: Any, ctx: Context) -> dict[str, Any]:
-            if name in START_METHODS or name == CREATE_METHOD:
+        def guarded(app: App, ctx: Context) -> dict[str, Any]:
+            if declared.route in ("start", "create"):
                 raise route_first("every vault")
             self._refuse_if_served(ctx.params)
             return base(app, ctx)  # the vault is locked here: the handler says so
 
         return guarded
 
-    def loops(self, server: Any) -> list[Any]:
+    def ending_error(self) -> MemoriesError:
+        return Busy("memoriesd is stopping: run the command again in a moment")
+
+    def loops(self, server: Server) -> list[Coroutine[Any, Any, None]]:
         threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
         return []
 
@@ -301,7 +317,7 @@ class Router:
         args = ["--home", str(self.home.root), "--socket", str(path)]
         args += ["--vault", vault_id] + (["--create"] if create else []) if vault_id else ["--spare"]
         with open(self.home.log_path, "ab") as errlog:  # a worker that dies at import says why in the log
-            proc = subprocess.Popen(child_command("memoriesd.workers.worker", *args), stdin=subprocess.PIPE,
+            proc = subprocess.Popen(child_command("memoriesd.main", "vault-process", *args), stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=errlog, close_fds=True, pass_fds=self.keep_fds)
         w = Worker(vault_id, proc, path)
         threading.Thread(target=self._read, args=(w,), name="memoriesd-vault", daemon=True).start()
@@ -471,7 +487,7 @@ class Router:
 
     # ------------------------------------------------------------------ the router's own methods
 
-    def _vault_list(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _vault_list(self, app: App, ctx: Context) -> dict[str, Any]:
         vaults = app.vaults.list_vaults()
         statuses = self._statuses([v["vault_id"] for v in vaults])
         for v in vaults:
@@ -479,22 +495,22 @@ class Router:
             v["locked"] = status is None or bool(status["locked"])
         return {"vaults": vaults}
 
-    def _info(self, app: Any, vault_id: str, status: dict[str, Any] | None) -> dict[str, Any]:
+    def _info(self, app: App, vault_id: str, status: dict[str, Any] | None) -> dict[str, Any]:
         if status is not None and "name" in status:
             return status
-        info = handlers.vault_info(app, vault_id)
+        info = vault_methods.vault_info(app, vault_id)
         if status is not None:  # a busy or frozen process: its vault is unlocked, its counts unknown right now
             info["locked"] = status["locked"]
         return info
 
-    def _vault_status(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _vault_status(self, app: App, ctx: Context) -> dict[str, Any]:
         ref = ctx.params.text("vault", None)
         ids = [v["vault_id"] for v in app.vaults.list_vaults()] if ref is None else [app.vaults.resolve(ref)]
         statuses = self._statuses(ids)
         infos = [self._info(app, v, statuses[v]) for v in ids]
         return {"vaults": infos} if ref is None else infos[0]
 
-    def _vault_lock(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _vault_lock(self, app: App, ctx: Context) -> dict[str, Any]:
         if ctx.params.flag("all", False):
             ws = self.workers()
             results: dict[str, bool] = {}
@@ -511,7 +527,7 @@ class Router:
             return {"locked": [vault_id], "already_locked": []}
         return {"locked": [], "already_locked": [vault_id]}
 
-    def _vault_delete(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _vault_delete(self, app: App, ctx: Context) -> dict[str, Any]:
         vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
         with self._gate(vault_id):  # no worker can start for it meanwhile
             w = self.live(vault_id)
@@ -523,8 +539,8 @@ class Router:
                 out["notices"] = notices  # the remembered key could not be removed from the OS keyring
             return out
 
-    def _daemon_status(self, app: Any, ctx: Context) -> dict[str, Any]:
-        out = handlers.daemon_status(app, ctx)
+    def _daemon_status(self, app: App, ctx: Context) -> dict[str, Any]:
+        out = vault_methods.daemon_status(app, ctx)
         ws = self.workers()
         statuses = self._statuses([w.vault_id for w in ws])
         out["unlocked"] = [w.vault_id for w in ws if (st := statuses[w.vault_id]) is not None and not st["locked"]]
@@ -547,7 +563,7 @@ class Router:
         futures = [(w, self._asking.submit(one, w)) for w in ws]
         return [(w, f.result()) for w, f in futures]
 
-    def _grant_list(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _grant_list(self, app: App, ctx: Context) -> dict[str, Any]:
         if ctx.params.text("vault", None) is not None:
             return self._guarded("grant.list", app, ctx)
         grants: list[dict[str, Any]] = []
@@ -560,7 +576,7 @@ class Router:
         grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
         return {"grants": grants, "locked_vaults": locked}
 
-    def _grant_revoke(self, app: Any, ctx: Context) -> dict[str, Any]:
+    def _grant_revoke(self, app: App, ctx: Context) -> dict[str, Any]:
         p = ctx.params
         if p.flag("all", False) or p.text("vault", None) is not None:
             return self._guarded("grant.revoke", app, ctx)
@@ -577,12 +593,17 @@ class Router:
         hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
         raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
 
-    def _guarded(self, name: str, app: Any, ctx: Context) -> dict[str, Any]:
-        self._refuse_if_served(ctx.params)
-        return dict(HANDLERS[name](app, ctx))
+    def _declared(self, name: str) -> Handler:
+        handler = self.app.methods.handler(name)
+        assert handler is not None, f"{name} is declared in the method table"
+        return handler
 
-    def _watch_reload(self, app: Any, ctx: Context) -> dict[str, Any]:
-        out = dict(HANDLERS["rag.watch_reload"](app, ctx))
+    def _guarded(self, name: str, app: App, ctx: Context) -> dict[str, Any]:
+        self._refuse_if_served(ctx.params)
+        return dict(self._declared(name)(app, ctx))
+
+    def _watch_reload(self, app: App, ctx: Context) -> dict[str, Any]:
+        out = dict(self._declared("rag.watch_reload")(app, ctx))
         rows = list(out.get("watches", []))
         for w, res in self._ask_all(self.workers(), "rag.watch_reload", {}):
             theirs = res.get("watches", []) if isinstance(res, dict) else []

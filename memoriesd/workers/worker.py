@@ -1,6 +1,7 @@
-"""A vault's worker process: ``memoriesd.workers.worker --home H --socket PATH (--vault ID [--create] | --spare)``.
+"""A vault's worker process: ``memoriesd.main vault-process --home H --socket PATH (--vault ID [--create] | --spare)``.
 
-Started isolated by the router (``python -I``, see :func:`memoriesd.workers.process.child_command`).
+Started isolated by the router (``python -I``, see :func:`memoriesd.workers.process.child_command`);
+:func:`memoriesd.main.vault_process_main` assembles it from the parts here.
 A *spare* starts bound to no vault and waits, imports done and the segmenter loaded, for ``bind ID
 [create]`` on its stdin (an unlock); it refuses every request until then.
 
@@ -21,7 +22,6 @@ Its exit returns all its memory to the kernel: that is the point (SECURITY.md "W
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -30,25 +30,23 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any
 
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before anything can import onnxruntime
+from ..config import Config
+from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists
+from ..home import Home
+from ..server.context import Context
+from ..server.method import Handler
+from ..vault.live import LiveVault
+from ..vault.manager import VaultManager, validate_name
+from ..vault.rekey import RekeyParts
+from ..vault.store import VaultStore
+from .routes import ENDING
 
-from ..config import Config, load_config  # noqa: E402
-from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists  # noqa: E402
-from ..home import Home, resolve_home  # noqa: E402
-from ..server.config_watch import ConfigWatch  # noqa: E402
-from ..server.context import Context  # noqa: E402
-from ..server.daemon import App, Server  # noqa: E402
-from ..server.handlers import HANDLERS  # noqa: E402
-from ..vault.live import LiveVault  # noqa: E402
-from ..vault.manager import VaultManager, validate_name  # noqa: E402
-from ..vault.store import VaultStore  # noqa: E402
-from .model_client import ModelClient  # noqa: E402
-from .process import bound_heap, harden, setup_logging  # noqa: E402
-from .routes import ENDING, ROUTER_METHODS  # noqa: E402
+if TYPE_CHECKING:
+    from ..server.app import App
+    from ..server.daemon import Server
 
 log = logging.getLogger("memoriesd.workers")
 
@@ -60,8 +58,6 @@ CHECK_SECONDS = 0.05
 CLOSING_GRACE_SECONDS = 2.0
 #: ...and ends once no connection has been open for this long.
 QUIET_SECONDS = 0.1
-#: Router methods a worker answers too (nothing vault-wide that only the router knows).
-WORKER_ALSO = frozenset({"daemon.status", "rag.watch_reload", "rag.model_install"})
 
 
 @contextlib.contextmanager
@@ -85,7 +81,7 @@ def not_mine(vault_id: str) -> ProtocolError:
 class BoundVaults(VaultManager):
     """The worker's vault manager: one vault, the id the router chose; KDF work takes ``kdf_turn``."""
 
-    def __init__(self, home: Home, config: Config, vault_id: str, create: bool, on_unlock: Any) -> None:
+    def __init__(self, home: Home, config: Config, vault_id: str, create: bool, on_unlock: Callable[[], None]) -> None:
         super().__init__(home, config)
         self.vault_id = vault_id
         self._may_create = create
@@ -137,7 +133,7 @@ class BoundVaults(VaultManager):
         with kdf_turn(self.home):
             super().passwd(ref, old, new)
 
-    def rekey(self, ref: str, old: bytearray, new: bytearray, parts: Any = None) -> dict[str, Any]:
+    def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
         """As passwd: ``kdf_turn`` before the gate (the order unlock takes them), held for the rewrite too."""
         self.mine(ref)
         with kdf_turn(self.home):
@@ -152,7 +148,7 @@ class WorkerRole:
         self.bound = threading.Event()
         if vault_id:
             self.bound.set()
-        self.app: Any = None
+        self.app: App | None = None  # set by the composition root
         self.started = time.monotonic()
         self.inflight = 0
         self.done = 0
@@ -171,18 +167,24 @@ class WorkerRole:
         self.was_unlocked = True
         self.say("unlocked")
 
-    def handler(self, name: str) -> Any:
-        base = HANDLERS.get(name)
-        if base is None:
-            return None
+    def _app(self) -> App:
+        assert self.app is not None, "the composition root sets the role's app"
+        return self.app
 
-        def served(app: Any, ctx: Context) -> dict[str, Any]:
+    def handler(self, name: str) -> Handler | None:
+        declared = self._app().methods.get(name)
+        if declared is None:
+            return None
+        base = declared.handler
+
+        def served(app: App, ctx: Context) -> dict[str, Any]:
             if not self.vault_id:
                 raise ProtocolError("this process serves no vault yet: ask the main daemon socket (vault.route)")
-            if name in ROUTER_METHODS and name not in WORKER_ALSO:
+            if declared.route == "router":  # "both": a vault's process answers it too
                 raise ProtocolError(f"{name} is the main daemon's: send it to its socket, not to a vault's process")
             ref = ctx.params.raw.get("vault")
             if isinstance(ref, str) and ref:
+                assert isinstance(app.vaults, BoundVaults)
                 app.vaults.mine(ref)
             with self._count:
                 if self.ending:
@@ -197,10 +199,10 @@ class WorkerRole:
 
         return served
 
-    def loops(self, server: Any) -> list[Any]:
+    def loops(self, server: Server) -> list[Coroutine[Any, Any, None]]:
         # jieba's dictionary loads while the process waits (a spare, or the first request's round trip);
         # in a thread of its own, so that a lock right after start never waits for it.
-        threading.Thread(target=self.app.rag.warm, name="memoriesd-warm", daemon=True).start()
+        threading.Thread(target=self._app().rag.warm, name="memoriesd-warm", daemon=True).start()
         return [self._life(server)]
 
     def close(self) -> None:
@@ -214,7 +216,9 @@ class WorkerRole:
 
     def bind(self, vault_id: str, create: bool) -> None:
         """A spare becomes the process of ``vault_id``."""
-        self.app.vaults.bind(vault_id, create)
+        vaults = self._app().vaults
+        assert isinstance(vaults, BoundVaults)
+        vaults.bind(vault_id, create)
         self.vault_id = vault_id
         self.started = time.monotonic()
         for h in logging.getLogger().handlers:
@@ -239,11 +243,11 @@ class WorkerRole:
         with self._count:
             self.ending = True  # requests in flight drain (the lock waits for them); new ones are refused
         try:
-            self.app.vaults.lock_all(reason)
+            self._app().vaults.lock_all(reason)
         finally:
-            self.app.request_stop()
+            self._app().request_stop()
 
-    async def _life(self, server: Any) -> None:
+    async def _life(self, server: Server) -> None:
         self.say("ready")
         threading.Thread(target=self._control, name="memoriesd-control", daemon=True).start()
         while not server.stopping.is_set():
@@ -251,7 +255,8 @@ class WorkerRole:
             if not self.bound.is_set():
                 continue  # a spare waits for its vault however long it takes
             with self._count:
-                if self.ending or self.inflight or self.app.vaults.holds():
+                vaults = self._app().vaults
+                if self.ending or self.inflight or (isinstance(vaults, BoundVaults) and vaults.holds()):
                     continue
                 if not (self.was_unlocked or self.done or time.monotonic() - self.started > UNUSED_SECONDS):
                     continue
@@ -261,7 +266,7 @@ class WorkerRole:
             await self._drain_arrivals(server)
             server.stopping.set()  # locked (or never unlocked): the process ends, its memory with it
 
-    async def _drain_arrivals(self, server: Any) -> None:
+    async def _drain_arrivals(self, server: Server) -> None:
         """Requests routed here before the router read ``closing`` (a retry right after a wrong
         passphrase) are answered ``vault_process_ending`` (nothing runs, the client asks the route
         again) instead of finding their connection reset: wait until no connection has been open for
@@ -277,45 +282,3 @@ class WorkerRole:
             elif now - quiet_since >= QUIET_SECONDS:
                 return
             await asyncio.sleep(CHECK_SECONDS / 5)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="memoriesd-vault", description="One vault's process (started by memoriesd).")
-    parser.add_argument("--home", required=True)
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--vault", default="")
-    parser.add_argument("--create", action="store_true", help="serve vault.create for this new vault id")
-    parser.add_argument("--spare", action="store_true", help="wait for `bind VAULT_ID [create]` on stdin")
-    args = parser.parse_args(argv)
-    if bool(args.vault) == args.spare:
-        parser.error("give --vault ID or --spare")
-    harden()
-    bound_heap()
-    code = 0
-    try:
-        home = resolve_home(args.home)
-        config_watch = ConfigWatch(home.config_path)
-        config = load_config(home.config_path)
-        setup_logging(home, config.daemon.log_level)
-        for h in logging.getLogger().handlers:
-            h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {args.vault or '(spare)'}]: %(message)s"))
-        role = WorkerRole(args.vault)
-        app = App(home, config, config_watch, vaults=BoundVaults(home, config, args.vault, args.create, role.unlocked))
-        app.workers = role
-        role.app = app
-        # The local model lives in the model process, which the router ends when this vault locks.
-        app.rag.local_factory = lambda *_a, **_k: ModelClient(home, role.vault_id)
-        server = Server(app)
-        server.socket_path = Path(args.socket)
-        asyncio.run(server.run())
-        log.info("vault %s: its process ends", role.vault_id or "(spare)")
-    except Exception:  # noqa: BLE001 - said in the log; the router reports the vault locked
-        log.exception("vault process failed")
-        code = 1
-    logging.shutdown()
-    # Background threads (indexer, watchers, model release) must not keep a locked vault's process alive.
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -44,18 +44,17 @@ KEEP_RECORD = "the keep vault's record: kept through every case"
 
 
 def _methods_and_params() -> tuple[list[str], list[str]]:
-    """Every method the daemon registers and every parameter name its handlers read (from the source)."""
-    from memoriesd.server import daemon  # noqa: F401, PLC0415 - registers every method
-    from memoriesd.server.handlers import HANDLERS  # noqa: PLC0415
+    """Every method the daemon serves and every parameter name its handlers read (from the source)."""
+    from memoriesd.main import method_table  # noqa: PLC0415
 
     names: set[str] = set()
-    sources = [*(REPO / "memoriesd" / "server").glob("*.py"), *(REPO / "memoriesd" / "workers").glob("*.py")]
+    sources = [*(REPO / "memoriesd" / "server").rglob("*.py"), *(REPO / "memoriesd" / "workers").glob("*.py")]
     for f in sources:
         text = f.read_text("utf-8")
         names.update(re.findall(r'\.(?:text|integer|number|flag|texts|choice)\(\s*"(\w+)"', text))
         names.update(re.findall(r'raw(?:\.get\(|\[)\s*"(\w+)"', text))
         names.update(re.findall(r'(?:_passphrase\(ctx,\s*|query_key=)"(\w+)"', text))
-    return sorted(set(HANDLERS) - SKIP) + ["session.grant"], sorted(names)
+    return sorted({m.name for m in method_table()} - SKIP) + ["session.grant"], sorted(names)
 
 
 METHODS, PARAMS = _methods_and_params()

@@ -106,7 +106,7 @@ class LiveDaemon:
         env = dict(os.environ, ORT_DISABLE_TELEMETRY="1")
         env.pop("MEMORIES_GRANT", None)
         self.proc = subprocess.Popen(
-            child_command("memoriesd.server.daemon", "--home", str(self.home)),
+            child_command("memoriesd.main", "--home", str(self.home)),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(REPO),
         )
         self.starts += 1

@@ -198,7 +198,7 @@ OneFn = Callable[..., dict[str, dict[str, bytes]]]
 def _rekey_cases(work: Path, full: dict[str, bytes], vectors: dict[str, Any], L: int) -> None:
     """A key change (`vault passwd --rekey`) of vault A with sidecars and recall counters, finished or
     interrupted on either side of its switch (the replacement of header.json)."""
-    from memoriesd.server.handlers import rekey_parts
+    from memoriesd.server.methods.vaults import rekey_parts
 
     A, new = VAULT_A, NEW_PASSPHRASE
     rekeyed = continue_vault(work, full, A, "rekey", lambda s: s.rekey(new.encode(), KDF, rekey_parts()))

@@ -1,6 +1,6 @@
 """Vault operations for the reliability engines, run through the daemon's own request dispatch.
 
-A :class:`Harness` is the daemon's :class:`~memoriesd.server.daemon.App` in this process on a
+A :class:`Harness` is the daemon's :class:`~memoriesd.server.app.App` in this process on a
 temp home (cheap Argon2id parameters: the KDF is not what is tested here), with vault ``main``
 (the one whose directory is recorded or failed) and vault ``other`` (which must keep working).
 Each :class:`Scenario` has a ``setup`` (not recorded) and an ``action`` (recorded) that calls
@@ -31,11 +31,11 @@ from memoriesd.config import WatchConfig, load_config
 from memoriesd.home import Home
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
 from memoriesd.index.vector_store import VectorStore, read_spaces, sidecar_opaque_id
+from memoriesd.main import build_app
 from memoriesd.memory.recalls import MAGIC as RECALLS_MAGIC
 from memoriesd.memory.recalls import RECALLS_NAME
 from memoriesd.memory.recalls import _aad as recalls_aad
 from memoriesd.server.context import Context, Params
-from memoriesd.server.daemon import App
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.format import read_header
@@ -242,7 +242,7 @@ class Harness:
         (home.root / "config.toml").write_text(cfg + extra_config)
         home.ensure()
         self.home = home
-        self.app = App(home, load_config(home.config_path))
+        self.app = build_app(home, load_config(home.config_path))
         self.vid = self.call("vault.create", name="main", passphrase=PW)["vault_id"]
         self.other = self.call("vault.create", name="other", passphrase=PW)["vault_id"]
         self.dir = home.vaults / self.vid

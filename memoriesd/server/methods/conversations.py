@@ -3,21 +3,24 @@
 params: ``vault``, ``text`` (the whole file as a string: the CLI reads the file or stdin), ``format``
 (auto, jsonl, markdown, locomo), ``title``, ``date`` (ISO), ``session_id``, ``extract`` (default
 true). result: ``{"format", "records": [{id, revision, status, title, session_id, date, turns}],
-"extraction"}``. A grant connection may call it with the ``capture`` scope (grants.SCOPE_OF_METHOD).
+"extraction"}``. A grant connection may call it with the ``capture`` scope (its ``scope`` in METHODS below).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..conversations.capture import capture
-from ..conversations.formats import FORMATS, parse
-from .context import Context
-from .handlers import MAX_TITLE, _changed, method
+from ...conversations.capture import capture
+from ...conversations.formats import FORMATS, parse
+from ..context import Context
+from ..method import Method
+from .records import MAX_TITLE, _changed
+
+if TYPE_CHECKING:
+    from ..app import App
 
 
-@method("memory.capture")
-def memory_capture(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
     """Parse the conversation(s) in ``text`` and store each session as a record (created, unchanged
     or revised); then extraction, when asked and allowed (the hook at the end)."""
     p = ctx.params
@@ -43,11 +46,17 @@ def memory_capture(app: Any, ctx: Context) -> dict[str, Any]:
     # extraction hook: for the created/revised records (``changed``), when ``extract`` is true and the
     # vault's policy allows it, the extraction result goes into out["extraction"].
     if extract and changed:
-        from .extract_handlers import after_capture
+        from ..extract_handlers import after_capture
 
         latest = {c.record.id: c.record for c in changed}  # a session twice in one file: its last revision
         out["extraction"] = after_capture(app, store, list(latest.values()), ctx)
     return out
 
+
+
+#: The methods this module serves (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("memory.capture", memory_capture, scope="capture", owner_only=False, grant_params=('text', 'format', 'title', 'date', 'session_id', 'extract')),
+]
 
 __all__ = ["memory_capture"]

@@ -11,22 +11,23 @@ in the result without undoing the capture.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..conversations.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
-from ..errors import MemoriesError
-from ..vault.records import Record
-from ..vault.store import VaultStore
-from .context import Context
-from .handlers import method
+from ...conversations.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
+from ...errors import MemoriesError
+from ...vault.records import Record
+from ...vault.store import VaultStore
+from ..context import Context
+from ..method import Method
 
+if TYPE_CHECKING:
+    from ..app import App
 #: Most records of one capture sent to the generation service; the others get the pattern rules.
 MAX_MODEL_RECORDS = 16
 OFF_NOTICE = "extraction is off for this vault: nothing was extracted (`memories vault policy VAULT --extract` turns it on)"
 
 
-@method("memory.extract")
-def memory_extract(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_extract(app: App, ctx: Context) -> dict[str, Any]:
     """Extract facts (and with a model, a summary) from one conversation record."""
     p = ctx.params
     store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
@@ -37,16 +38,16 @@ def memory_extract(app: Any, ctx: Context) -> dict[str, Any]:
     return out
 
 
-def _grant_may_ask(app: Any, ctx: Context) -> bool:
+def _grant_may_ask(app: App, ctx: Context) -> bool:
     if ctx.grant is None:
         return True
-    from .grants import verify
+    from ..grants import verify
 
     _store, rec = verify(app, ctx.grant)
     return "ask" in rec.get("scopes", ())
 
 
-def after_capture(app: Any, store: VaultStore, records: list[Record], ctx: Context) -> dict[str, Any]:
+def after_capture(app: App, store: VaultStore, records: list[Record], ctx: Context) -> dict[str, Any]:
     """The ``extraction`` of a ``memory.capture`` reply for the records it created or revised:
     ``{path, summary, facts, rejected, notices, records: [{id, revision, path, facts, summary?, error?}]}``."""
     if not extract_enabled(store):
@@ -93,5 +94,11 @@ def after_capture(app: Any, store: VaultStore, records: list[Record], ctx: Conte
         "records": per,
     }
 
+
+
+#: The methods this module serves (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("memory.extract", memory_extract),
+]
 
 __all__ = ["after_capture", "memory_extract"]

@@ -2,35 +2,38 @@
 
 ``memory.remember``, ``memory.facts``, ``memory.forget`` and ``rag.context`` (logic in
 :mod:`memoriesd.memory`). A grant connection may call ``memory.remember``, ``memory.forget`` and
-``rag.context`` with the scopes of the same names (see grants.SCOPE_OF_METHOD): it never matches a
+``rag.context`` with the scopes of the same names (their ``scope`` in METHODS below): it never matches a
 private fact, and forgets only records it may see.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
-from ..memory.context import build_pack
-from ..memory.facts import CATEGORIES, KIND, RememberRequest, current_facts, fact_view, remember
-from ..memory.forget import SCOPES, purge, select_all, select_ids, select_query
-from ..memory.recalls import recalls_of
-from ..rag.search import MODES
-from ..vault.records import KINDS
-from ..vault.store import VaultStore
-from .context import Context
-from .handlers import _changed, _tags, method
+from ...errors import UsageError
+from ...memory.context import build_pack
+from ...memory.facts import CATEGORIES, KIND, RememberRequest, current_facts, fact_view, remember
+from ...memory.forget import SCOPES, purge, select_all, select_ids, select_query
+from ...memory.recalls import recalls_of
+from ...rag.search import MODES
+from ...vault.records import KINDS
+from ...vault.store import VaultStore
+from ..context import Context
+from ..method import Method
+from .records import _changed, _tags
+
+if TYPE_CHECKING:
+    from ..app import App
 
 #: How many records one `memory forget --id` may name.
 MAX_IDS = 10_000
 
 
-def _store(app: Any, ctx: Context) -> VaultStore:
+def _store(app: App, ctx: Context) -> VaultStore:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
-@method("memory.remember")
-def memory_remember(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
     """Add a fact, or revise the current fact it restates (``action``: added, updated, unchanged)."""
     p = ctx.params
     store = _store(app, ctx)
@@ -49,8 +52,7 @@ def memory_remember(app: Any, ctx: Context) -> dict[str, Any]:
     return outcome.to_dict()
 
 
-@method("memory.facts")
-def memory_facts(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_facts(app: App, ctx: Context) -> dict[str, Any]:
     """The current facts (optionally of one category) with their recall counters."""
     store = _store(app, ctx)
     category = ctx.params.choice("category", CATEGORIES, None)
@@ -60,8 +62,7 @@ def memory_facts(app: Any, ctx: Context) -> dict[str, Any]:
     return {"facts": [fact_view(f, recalls.get(f.id)) for f in facts]}
 
 
-@method("memory.forget")
-def memory_forget(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
     """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them."""
     p = ctx.params
     store = _store(app, ctx)
@@ -86,7 +87,7 @@ def memory_forget(app: Any, ctx: Context) -> dict[str, Any]:
         else:
             targets, notices = select_query(app.rag, store, query, scope, ctx)
         if ctx.grant is not None:
-            from .grants import granted_targets
+            from ..grants import granted_targets
 
             targets = granted_targets(app, ctx, targets, ids)
         out: dict[str, Any] = {
@@ -107,10 +108,9 @@ def memory_forget(app: Any, ctx: Context) -> dict[str, Any]:
     return out
 
 
-@method("rag.context")
-def rag_context(app: Any, ctx: Context) -> dict[str, Any]:
+def rag_context(app: App, ctx: Context) -> dict[str, Any]:
     """A token-budgeted context pack for a query: profile first, then the most relevant memories."""
-    from .rag_handlers import search_filter
+    from .search import search_filter
 
     store = _store(app, ctx)
     p = ctx.params
@@ -121,5 +121,14 @@ def rag_context(app: Any, ctx: Context) -> dict[str, Any]:
     mode = p.choice("mode", MODES, None)
     return build_pack(app, store, p.text("query", max_len=10_000), budget, ctx, flt, mode)
 
+
+
+#: The methods this module serves (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("memory.remember", memory_remember, scope="remember", owner_only=False, grant_params=('text', 'category', 'key', 'importance')),
+    Method("memory.facts", memory_facts),
+    Method("memory.forget", memory_forget, scope="forget", owner_only=False, grant_params=('ids', 'query', 'scope', 'all', 'kind', 'dry_run')),
+    Method("rag.context", rag_context, scope="context", owner_only=False, grant_params=('query', 'budget')),
+]
 
 __all__ = ["memory_facts", "memory_forget", "memory_remember", "rag_context", "KIND"]

@@ -5,26 +5,27 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import Cancelled, MemoriesError, ModelUnavailable, NotFound, VaultLocked
-from ..index.bm25 import MAX_CANDIDATES
-from ..memory.recalls import note_recalls
-from ..rag.engine import INSTALL_HINT, RagEngine
-from ..rag.filters import RecordFilter, make_filter
-from ..rag.fusion import FUSIONS, Candidate
-from ..rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
-from ..vault.store import VaultStore
-from .config_watch import name_config_path
-from .context import Context, Params
-from .handlers import method
+from ...errors import Cancelled, MemoriesError, ModelUnavailable, NotFound, VaultLocked
+from ...index.bm25 import MAX_CANDIDATES
+from ...memory.recalls import note_recalls
+from ...rag.engine import INSTALL_HINT, RagEngine
+from ...rag.filters import RecordFilter, make_filter
+from ...rag.fusion import FUSIONS, Candidate
+from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
+from ...vault.store import VaultStore
+from ..config_watch import name_config_path
+from ..context import Context, Params
+from ..method import Method
 
-
-def _engine(app: Any) -> RagEngine:
+if TYPE_CHECKING:
+    from ..app import App
+def _engine(app: App) -> RagEngine:
     return app.rag
 
 
-def _store(app: Any, ctx: Context) -> VaultStore:
+def _store(app: App, ctx: Context) -> VaultStore:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
@@ -60,7 +61,7 @@ def search_filter(p: Params) -> RecordFilter:
 
 def _weight(value: float | None) -> float | None:
     if value is not None and not 0 < value <= 100:
-        from ..errors import QueryInvalid
+        from ...errors import QueryInvalid
 
         raise QueryInvalid("--vector-weight must be above 0 and at most 100")
     return value
@@ -113,8 +114,7 @@ def _best_per_record(
     return list(best.values())
 
 
-@method("memory.search")
-def memory_search(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_search(app: App, ctx: Context) -> dict[str, Any]:
     """Lexical, grouped by document (one line per record).
 
     A few long records can fill the first fragments, so (in bm25 mode, the default) the candidates
@@ -149,8 +149,7 @@ def memory_search(app: Any, ctx: Context) -> dict[str, Any]:
     return {"mode": out.mode, "results": results, "ignored_terms": out.ignored_terms, "notices": out.notices}
 
 
-@method("rag.search")
-def rag_search(app: Any, ctx: Context) -> dict[str, Any]:
+def rag_search(app: App, ctx: Context) -> dict[str, Any]:
     store = _store(app, ctx)
     req = _search_request(ctx)
     out = run_search(_engine(app), store, req, ctx)
@@ -166,9 +165,8 @@ def rag_search(app: Any, ctx: Context) -> dict[str, Any]:
     }
 
 
-@method("rag.ingest")
-def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
-    from ..rag.ingest import IngestRequest, run_ingest
+def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
+    from ...rag.ingest import IngestRequest, run_ingest
 
     store = _store(app, ctx)
     p = ctx.params
@@ -190,8 +188,7 @@ def rag_ingest(app: Any, ctx: Context) -> dict[str, Any]:
     return report
 
 
-@method("rag.status")
-def rag_status(app: Any, ctx: Context) -> dict[str, Any]:
+def rag_status(app: App, ctx: Context) -> dict[str, Any]:
     store = _store(app, ctx)
     out = _engine(app).status(store)
     if out.get("cap_error"):  # a cap error shown inside the status names the config file, as an error frame does
@@ -200,14 +197,12 @@ def rag_status(app: Any, ctx: Context) -> dict[str, Any]:
     return out
 
 
-@method("rag.watch_reload")
-def rag_watch_reload(app: Any, ctx: Context) -> dict[str, Any]:
+def rag_watch_reload(app: App, ctx: Context) -> dict[str, Any]:
     """Apply the ``[[watch.folder]]`` tables of config.toml now (`rag watch` / `rag unwatch` call it)."""
     return app.watch.reload()
 
 
-@method("rag.index")
-def rag_index(app: Any, ctx: Context) -> dict[str, Any]:
+def rag_index(app: App, ctx: Context) -> dict[str, Any]:
     """Embed fragments that lack a vector, within the operation budget; returns how far it got."""
     engine = _engine(app)
     store = _store(app, ctx)
@@ -291,9 +286,8 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
     }
 
 
-@method("rag.ask")
-def rag_ask(app: Any, ctx: Context) -> dict[str, Any]:
-    from ..rag.answer import ask
+def rag_ask(app: App, ctx: Context) -> dict[str, Any]:
+    from ...rag.answer import ask
 
     store = _store(app, ctx)
     req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface
@@ -302,9 +296,8 @@ def rag_ask(app: Any, ctx: Context) -> dict[str, Any]:
     return out
 
 
-@method("rag.model_install")
-def rag_model_install(app: Any, ctx: Context) -> dict[str, Any]:
-    from ..embed.install import default_manifest_path, install_model, load_manifest
+def rag_model_install(app: App, ctx: Context) -> dict[str, Any]:
+    from ...embed.install import default_manifest_path, install_model, load_manifest
 
     target = ctx.params.text("dir", None)
     dest = Path(target) if target else app.home.models / "embeddinggemma"
@@ -325,3 +318,16 @@ def rag_model_install(app: Any, ctx: Context) -> dict[str, Any]:
     else:
         out["notice"] = "run `memories daemon restart` if the daemon had loaded other model files"
     return out
+
+
+#: The methods this module serves (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("memory.search", memory_search, scope="search", owner_only=False, grant_params=('query', 'limit', 'match_mode', 'cards_only')),
+    Method("rag.search", rag_search, scope="retrieve", owner_only=False, grant_params=('query', 'mode', 'limit', 'match_mode', 'no_rerank', 'min_score', 'cards_only')),
+    Method("rag.ingest", rag_ingest),
+    Method("rag.status", rag_status),
+    Method("rag.watch_reload", rag_watch_reload, route="both"),
+    Method("rag.index", rag_index),
+    Method("rag.ask", rag_ask, scope="ask", owner_only=False, grant_params=('question', 'mode', 'limit', 'match_mode', 'no_rerank', 'cards_only')),
+    Method("rag.model_install", rag_model_install, route="both"),
+]

@@ -1,16 +1,15 @@
 """Protocol methods that tidy memory over time: ``memory.summarize`` and ``memory.prune``.
 
-Logic in :mod:`memoriesd.memory.tidy`. Neither is in the grant allowlist
-(:data:`memoriesd.server.grants.SCOPE_OF_METHOD`): an MCP grant cannot call them, whatever its
-scopes; they are the person's own `memories memory summarize` / `memory prune`. Nothing calls
+Logic in :mod:`memoriesd.memory.tidy`. Both are owner-only (no grant scope in METHODS below):
+an MCP grant cannot call them, whatever its scopes; they are the person's own `memories memory summarize` / `memory prune`. Nothing calls
 them on a schedule.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..memory.tidy import (
+from ...memory.tidy import (
     DEFAULT_BATCH_TOKENS,
     MAX_BATCH_TOKENS,
     MAX_DAYS,
@@ -21,17 +20,17 @@ from ..memory.tidy import (
     prune,
     summarize,
 )
-from ..vault.store import VaultStore
-from .context import Context
-from .handlers import method
+from ...vault.store import VaultStore
+from ..context import Context
+from ..method import Method
 
-
-def _store(app: Any, ctx: Context) -> VaultStore:
+if TYPE_CHECKING:
+    from ..app import App
+def _store(app: App, ctx: Context) -> VaultStore:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
-@method("memory.summarize")
-def memory_summarize(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_summarize(app: App, ctx: Context) -> dict[str, Any]:
     """Condense old conversations (or facts) into summary records; ``apply`` false: only list them."""
     p = ctx.params
     store = _store(app, ctx)
@@ -47,8 +46,7 @@ def memory_summarize(app: Any, ctx: Context) -> dict[str, Any]:
     return out
 
 
-@method("memory.prune")
-def memory_prune(app: Any, ctx: Context) -> dict[str, Any]:
+def memory_prune(app: App, ctx: Context) -> dict[str, Any]:
     """Forget stale facts for real; ``apply`` false: only list them."""
     p = ctx.params
     store = _store(app, ctx)
@@ -60,5 +58,12 @@ def memory_prune(app: Any, ctx: Context) -> dict[str, Any]:
     )
     return prune(app, store, req, ctx)
 
+
+
+#: The methods this module serves (assembled into the daemon's table by memoriesd.main).
+METHODS: list[Method] = [
+    Method("memory.summarize", memory_summarize),
+    Method("memory.prune", memory_prune),
+]
 
 __all__ = ["memory_prune", "memory_summarize"]
