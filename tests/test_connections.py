@@ -395,7 +395,7 @@ def test_decode_turns_every_failure_into_a_protocol_error() -> None:
 # --------------------------------------------------------------------------- loud handler imports
 
 
-@pytest.mark.parametrize("module", ["memoriesd.server.grants", "memoriesd.server.rag_handlers", "memoriesd.rag.engine"])
+@pytest.mark.parametrize("module", ["memoriesd.server.grants", "memoriesd.server.methods.search", "memoriesd.rag.engine"])
 def test_a_broken_handler_import_stops_the_daemon_at_start(module: str) -> None:
     root = short_tmpdir()
     home = root / "h"
