@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import Cancelled, InvalidParams
 from ..text.unicode import unpaired_surrogate
@@ -13,7 +14,15 @@ from ..text.unicode import unpaired_surrogate
 if TYPE_CHECKING:
     from .grants import PresentedGrant
 
-_MISSING = object()
+class _Missing(enum.Enum):
+    """No default given: the parameter is required."""
+
+    MISSING = enum.auto()
+
+
+_MISSING = _Missing.MISSING
+#: A parameter's default: what the accessor returns (beside the parameter's own type) when it is absent.
+D = TypeVar("D")
 
 
 class Params:
@@ -26,21 +35,21 @@ class Params:
             raise InvalidParams("params must be a JSON object")
         self.raw = raw
 
-    def _get(self, name: str, default: Any) -> Any:
+    def _get(self, name: str, default: object) -> object:
         value = self.raw.get(name, default)
         if value is _MISSING:
             raise InvalidParams(f"missing parameter {name}")
         return value
 
     def text(
-        self, name: str, default: Any = _MISSING, *, allow_empty: bool = True, max_len: int | None = None,
+        self, name: str, default: D | _Missing = _MISSING, *, allow_empty: bool = True, max_len: int | None = None,
         allow_surrogates: bool = False,
-    ) -> Any:
+    ) -> str | D:
         """A string parameter. ``allow_surrogates``: the caller refuses lone surrogates itself, saying
         where they are (a transcript's line)."""
         value = self._get(name, default)
         if value is None and default is None:
-            return None
+            return default
         if not isinstance(value, str):
             raise InvalidParams(f"parameter {name} must be a string")
         if not allow_empty and not value:
@@ -51,10 +60,10 @@ class Params:
             _check_unicode(name, value)
         return value
 
-    def integer(self, name: str, default: Any = _MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
+    def integer(self, name: str, default: D | _Missing = _MISSING, *, lo: int | None = None, hi: int | None = None) -> int | D:
         value = self._get(name, default)
         if value is None and default is None:
-            return None
+            return default
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidParams(f"parameter {name} must be an integer")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -65,23 +74,23 @@ class Params:
             raise InvalidParams(f"parameter {name} must be between {lo} and {hi}")
         return value
 
-    def number(self, name: str, default: Any = _MISSING) -> Any:
+    def number(self, name: str, default: D | _Missing = _MISSING) -> float | D:
         value = self._get(name, default)
         if value is None and default is None:
-            return None
+            return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidParams(f"parameter {name} must be a number")
         return float(value)
 
-    def flag(self, name: str, default: Any = _MISSING) -> Any:
+    def flag(self, name: str, default: D | _Missing = _MISSING) -> bool | D:
         value = self._get(name, default)
         if value is None and default is None:
-            return None
+            return default
         if not isinstance(value, bool):
             raise InvalidParams(f"parameter {name} must be true or false")
         return value
 
-    def texts(self, name: str, default: Any = _MISSING) -> list[str]:
+    def texts(self, name: str, default: list[str] | _Missing = _MISSING) -> list[str]:
         value = self._get(name, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise InvalidParams(f"parameter {name} must be a list of strings")
@@ -89,10 +98,10 @@ class Params:
             _check_unicode(name, v)
         return list(value)
 
-    def choice(self, name: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
+    def choice(self, name: str, choices: tuple[str, ...], default: D | _Missing = _MISSING) -> str | D:
         value = self.text(name, default)
         if value is None and default is None:
-            return None
+            return default
         if value not in choices:
             raise InvalidParams(f"parameter {name} must be one of {', '.join(choices)}")
         return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import socket
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,13 @@ def _error_classes() -> dict[str, type[MemoriesError]]:
     return out
 
 
-def raise_error(err: Any) -> None:
+def raise_error(err: object) -> None:
     """Re-raise an error frame as the class it names (``ModelInputFailed`` stays one), else its code's."""
-    err = err if isinstance(err, dict) else {}
-    code = str(err.get("code", "internal"))
+    frame: dict[str, Any] = err if isinstance(err, dict) else {}
+    code = str(frame.get("code", "internal"))
     classes = _error_classes()
-    cls = classes.get(str(err.get("class")), classes.get(code, MemoriesError))
-    exc = cls(str(err.get("message", "unknown error")))
+    cls = classes.get(str(frame.get("class")), classes.get(code, MemoriesError))
+    exc = cls(str(frame.get("message", "unknown error")))
     exc.code = code
     raise exc
 
@@ -117,7 +118,7 @@ class ModelClient:
     def embed_queries(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
         return self._vectors(self._call("model.embed", {"kind": "query", "texts": list(texts)}))
 
-    def embed_documents(self, items: Any, **_: Any) -> np.ndarray:
+    def embed_documents(self, items: Iterable[tuple[str, str]], **_: object) -> np.ndarray:
         pairs = [[title, text] for title, text in items]
         return self._vectors(self._call("model.embed", {"kind": "document", "items": pairs}))
 

@@ -429,7 +429,7 @@ class Router:
             w = self.live(vault_id)
             return self._end(w, reason) if w is not None else False
 
-    def ask(self, w: Worker, name: str, params: dict[str, Any], timeout: float = ASK_SECONDS) -> Any:
+    def ask(self, w: Worker, name: str, params: dict[str, Any], timeout: float = ASK_SECONDS) -> object:
         """One request to a worker (metadata only: its reply never holds note text)."""
         return ask_socket(w.socket_path, name, params, timeout)
 
@@ -550,11 +550,11 @@ class Router:
         out["model_process"] = self.model.pid
         return out
 
-    def _ask_all(self, ws: list[Worker], name: str, params: dict[str, Any] | None) -> list[tuple[Worker, Any]]:
+    def _ask_all(self, ws: list[Worker], name: str, params: dict[str, Any] | None) -> list[tuple[Worker, object]]:
         """Ask every worker at once (``params`` None: its own vault); each answer, or the exception it
         raised (a timeout for a frozen one)."""
 
-        def one(w: Worker) -> Any:
+        def one(w: Worker) -> object:
             try:
                 return self.ask(w, name, {"vault": w.vault_id} if params is None else params, STATUS_SECONDS * 2)
             except (OSError, ConnectionError, MemoriesError) as exc:

@@ -85,6 +85,7 @@ def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
         elif everything:
             targets = select_all(store, kind)
         else:
+            assert query is not None  # exactly one of ids, all, query (checked above)
             targets, notices = select_query(app.rag, store, query, scope, ctx)
         if ctx.grant is not None:
             from ..grants import granted_targets
