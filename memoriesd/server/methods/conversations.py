@@ -46,7 +46,7 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
     # extraction hook: for the created/revised records (``changed``), when ``extract`` is true and the
     # vault's policy allows it, the extraction result goes into out["extraction"].
     if extract and changed:
-        from ..extract_handlers import after_capture
+        from .extract import after_capture
 
         latest = {c.record.id: c.record for c in changed}  # a session twice in one file: its last revision
         out["extraction"] = after_capture(app, store, list(latest.values()), ctx)
