@@ -3,7 +3,7 @@
 ``python -I -c BOOT ROOT memoriesd.workers.model --home H --socket PATH --model-dir D ...`` (started by
 the router on the first ``model.route``). Vault processes send it the texts to embed and get float32
 vectors back; it keeps nothing between requests, but Python cannot wipe what it frees, so the router
-ends it once a vault whose process used it locks (:class:`memoriesd.workers.router.ModelHost`): after
+ends it once a vault whose process used it locks (:class:`memoriesd.workers.model_host.ModelHost`): after
 lock, no live process of the daemon holds any text of that vault, this one included. The next
 request starts a fresh one.
 

@@ -20,6 +20,9 @@ BOOT = (
     "sys.argv = [module] + sys.argv[3:]; runpy.run_module(module, run_name='__main__', alter_sys=True)"
 )
 
+#: Beyond a vault's drain bound, how long a locking worker (or a killed model process) may take to exit.
+EXIT_GRACE_SECONDS = 15.0
+
 
 def package_root() -> str:
     """The absolute folder holding the ``memoriesd`` package this process runs."""
@@ -85,4 +88,4 @@ def setup_logging(home: Home, level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-__all__ = ["setup_logging", "harden", "bound_heap", "child_command", "package_root"]
+__all__ = ["EXIT_GRACE_SECONDS", "setup_logging", "harden", "bound_heap", "child_command", "package_root"]
