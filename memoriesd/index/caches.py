@@ -21,9 +21,9 @@ from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
-from ..conversations.fragments import split_conversation
-from ..conversations.windows import turn_windows, window_id, window_parent
 from ..errors import Cancelled, CapExceeded, MemoriesError
+from ..kinds.conversation import split_conversation
+from ..kinds.turn_windows import turn_windows, window_id, window_parent
 from ..text.documents import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
@@ -274,7 +274,7 @@ class VaultIndex:
         return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
 
     def window_ids(self, frag_id: int) -> list[int]:
-        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.conversations.windows`)."""
+        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.kinds.turn_windows`)."""
         got = self.bm25.fragments.get(frag_id) if self.bm25 is not None and frag_id >= 0 else None
         if got is None or not got[0].windows:
             return []

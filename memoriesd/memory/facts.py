@@ -144,7 +144,7 @@ class RememberRequest:
     importance: float | None = None
     tags: tuple[str, ...] = ()
     skip_private: bool = False  # a grant's fact: private facts are neither matched nor revised
-    source: dict[str, Any] | None = None  # where it was extracted from: meta["from"] (conversations.extract)
+    source: dict[str, Any] | None = None  # where it was extracted from: meta["from"] (memory.extract)
 
 
 @dataclass

@@ -59,7 +59,7 @@ class SearchRequest:
     candidates: int | None = None
     filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
     # Conversation fragments ranked by their own vector lifted by their best turn window
-    # (memoriesd.conversations.windows): the answering surfaces (ask, context) set it.
+    # (memoriesd.kinds.turn_windows): the answering surfaces (ask, context) set it.
     windows: bool = False
 
 
@@ -76,7 +76,7 @@ class SearchOutcome:
     # releases them from the index, never from a result).
     frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     # With SearchRequest.windows: the closest turn window (its index) of each conversation
-    # fragment the vector side found (memoriesd.conversations.windows).
+    # fragment the vector side found (memoriesd.kinds.turn_windows).
     best_windows: dict[int, int] = field(default_factory=dict)
     # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
     # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).
@@ -367,8 +367,8 @@ def conversation_info(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any]
     when the indexed revision is gone meanwhile)."""
     if doc.kind != "conversation":
         return None
-    from ..conversations.fragments import conversation_view
     from ..errors import MemoriesError
+    from ..kinds.conversation import conversation_view
 
     try:
         rec = out.index.store.get(doc.record_id, doc.revision)

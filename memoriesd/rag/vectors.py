@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from ..conversations.windows import search_with_windows
 from ..errors import Cancelled, CapExceeded, InvalidModelOutput, MemoriesError, ModelInputFailed
 from ..index.caches import embed_input
 from ..index.vector_chunks import CONTENT_KEY_HEX, encoding_of_precision
@@ -51,6 +50,7 @@ from ..index.vector_store import (
     sidecar_path,
 )
 from ..index.vectors import VectorIndex, check_vector_cap
+from ..kinds.turn_windows import search_with_windows
 from ..vault import crypto
 
 log = logging.getLogger("memoriesd.vectors")
@@ -84,7 +84,7 @@ class VectorSpace:
     def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
-        self.windows = windows  # also a vector per turn window of conversation fragments (conversations.windows)
+        self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turn_windows)
         self.dims = dims
         self.max_vector_mib = max_vector_mib
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
@@ -539,7 +539,7 @@ class VectorSpace:
         best_windows: dict[int, int] | None = None,
     ) -> list[tuple[int, float]]:
         """Top ``k`` ``(fragment id, cosine)``. ``windows``: a conversation fragment scores its own
-        cosine lifted by its best turn window (:mod:`memoriesd.conversations.windows`), as the
+        cosine lifted by its best turn window (:mod:`memoriesd.kinds.turn_windows`), as the
         answering surfaces (``rag context``, ``rag ask``) rank, and ``best_windows`` receives
         which window that was; else its own cosine alone."""
         with self.lock:

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from ..errors import QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES, BM25Index
 from ..index.docs import IndexedDoc
+from ..kinds.conversation import TurnSpan, turn_spans
 from ..text.fragments import Fragment
 from ..vault.records import Record
-from .fragments import TurnSpan, turn_spans
 
 #: Turns an excerpt keeps: the best-matching turn with the one before (often the question) and the
 #: one after (often the answer). Measured with bench/eval_conversations.py (README, Conversations).

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidModelOutput
-from ..memory.facts import CATEGORIES, MAX_CHARS, MAX_KEY, MIN_CHARS, normalise_key
 from ..rag.model_json import load_object
+from .facts import CATEGORIES, MAX_CHARS, MAX_KEY, MIN_CHARS, normalise_key
 
 __all__ = [
     "LISTS",

@@ -1,6 +1,6 @@
 """Turn windows: extra vectors that let a conversation fragment be found by the turns that answer.
 
-A conversation fragment groups up to a dozen turns (:mod:`.fragments`). Its one vector averages
+A conversation fragment groups up to a dozen turns (:mod:`.conversation`). Its one vector averages
 them all, so a question answered by one exchange inside it ("when did Melanie sign up for the
 pottery class?") scores it lower than the exchange alone would. Besides that vector, each
 fragment of three or more whole turns gets one vector per *window* of :data:`WINDOW_TURNS`
@@ -32,7 +32,7 @@ from typing import Any
 
 from ..text.fragments import Fragment
 from ..vault.records import Record
-from .fragments import MAX_TURNS, turn_spans
+from .conversation import MAX_TURNS, turn_spans
 
 #: Turns per window: a question and its answer.
 WINDOW_TURNS = 2
