@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memoriesd.index.vectors import VectorIndex
+from memoriesd.index.vectors.matrix import VectorIndex
 from memoriesd.kinds.conversation import split_conversation
 from memoriesd.kinds.turn_windows import (
     MAX_WINDOWS,

@@ -154,7 +154,7 @@ class VaultIndex:
         self.bm25: BM25Index | None = None
         self.keeper: SnapshotKeeper | None = SnapshotKeeper(store, self) if keep_snapshot else None
         self._restore_tried = False
-        self.vectors: Any = None  # a VectorSpace (see memoriesd.rag.vectors) for the active embedder
+        self.vectors: Any = None  # a VectorSpace (see memoriesd.index.vectors.space) for the active embedder
         self.source_bytes = 0
         self.closed = False
 

@@ -54,7 +54,7 @@ from .snapshot import (
     version_tag,
     write_snapshot,
 )
-from .vector_store import CONTENT_KEY_HEX, content_key
+from .vectors.names import CONTENT_KEY_HEX, content_key
 
 log = logging.getLogger("memoriesd.index")
 

@@ -106,7 +106,7 @@ def search_with_windows(
     min_score: float | None = None,
     best_windows: dict[int, int] | None = None,
 ) -> list[tuple[int, float]]:
-    """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.VectorIndex` that
+    """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.matrix.VectorIndex` that
     also holds turn windows: each fragment scored by :func:`combine`, best first (ties by id).
 
     The candidates are the fragments found, by themselves or by one of their windows, among the

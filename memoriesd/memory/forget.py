@@ -191,9 +191,8 @@ def _remove_unknown_sidecars(store: VaultStore) -> tuple[int, str | None]:
     """Remove vector sidecars the vault's space list does not name (they cannot be opened to
     filter): (files removed, a notice for the user or None). A space list that cannot be read or
     opened names nothing: then every sidecar is kept (never deleted for it) and the notice says so."""
-    from ..index.vector_names import SpacesDamaged
-    from ..index.vector_store import list_sidecars, read_spaces, sidecar_opaque_id
-    from ..rag.vectors import _spaces_lock
+    from ..index.vectors.maintenance import _spaces_lock
+    from ..index.vectors.names import SpacesDamaged, list_sidecars, read_spaces, sidecar_opaque_id
     from ..vault import crypto
 
     removed = 0
@@ -236,7 +235,7 @@ def _remove_preserved(store: VaultStore) -> int:
 
 def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
     """Size and modification time of each vector sidecar (to notice an append)."""
-    from ..index.vector_store import list_sidecars
+    from ..index.vectors.names import list_sidecars
 
     out = {}
     for path in list_sidecars(store.dir):
@@ -259,7 +258,7 @@ def purge(
     because the space list is damaged) is appended to ``notices``.
     """
     from ..index.caches import compact_lexical
-    from ..rag.vectors import compact_vectors
+    from ..index.vectors.maintenance import compact_vectors
     from .recalls import recalls_of
 
     engine = getattr(app, "rag", None)

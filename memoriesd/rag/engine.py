@@ -19,8 +19,9 @@ import numpy as np
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, VaultLocked
 from ..index.caches import INDEX, IndexCache, VaultIndex
+from ..index.vectors.maintenance import sealed_status
+from ..index.vectors.space import VectorSpace
 from ..vault.store import VaultStore
-from .vectors import VectorSpace, sealed_status
 
 log = logging.getLogger("memoriesd.rag")
 

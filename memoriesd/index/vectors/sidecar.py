@@ -10,7 +10,7 @@ callables bound to the vault key. The file holds nothing in plaintext but an
 
 A chunk is many ``(key, row)`` entries sealed with aad = format version + vault id +
 model identity + dims + chunk number; its rows are in an encoding
-(:mod:`~memoriesd.index.vector_chunks`): the daemon writes them in the precision its index holds
+(:mod:`~memoriesd.index.vectors.chunks`): the daemon writes them in the precision its index holds
 (int8 codes and a scale per row by default), so unlock copies them in as they are. Version-1 files
 (float32 rows only) are read, and :meth:`VectorStore.repack` rewrites them (or rows written at a
 wider precision, or a file of many small appended chunks) once, a chunk at a time. Appends add chunks at the end, fsync, then write
@@ -28,7 +28,7 @@ Files written before content keys hold :func:`entry_key` keys (fingerprint + tit
 caller re-keys them once (``rename``) without re-embedding.
 
 File names and the space list (``vector-spaces.bin``: the identity and dimensions needed to open
-each sidecar) are in :mod:`~memoriesd.index.vector_names`.
+each sidecar) are in :mod:`~memoriesd.index.vectors.names`.
 """
 
 from __future__ import annotations
@@ -47,23 +47,13 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..errors import MemoriesError
-from ..vault import fsio
-from ..vault.crypto import KeyWiped
-from ..vault.format import fsync_dir
-from .vector_chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
-from .vector_names import (  # noqa: F401 - re-exported: their home before vector_names.py
-    CONTENT_KEY_HEX,
-    SPACES_NAME,
-    content_key,
-    entry_key,
-    is_legacy_key,
-    list_sidecars,
-    read_spaces,
+from ...errors import MemoriesError
+from ...vault import fsio
+from ...vault.crypto import KeyWiped
+from ...vault.format import fsync_dir
+from .chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
+from .names import (
     rekeyed,
-    sidecar_opaque_id,
-    sidecar_path,
-    write_spaces,
 )
 
 log = logging.getLogger("memoriesd.vectors")
