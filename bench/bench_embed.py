@@ -327,7 +327,7 @@ def daemon_call_sizes() -> list[tuple[int, str]]:
     for nothing else (8 and 32 when it cannot be imported; the JSON says so)."""
     try:
         from memoriesd.index.vectors.space import BATCH_FRAGMENTS
-        from memoriesd.indexing.background import CHUNK_FRAGMENTS
+        from memoriesd.rag.background import CHUNK_FRAGMENTS
     except ImportError:
         return [(8, "background indexing (assumed 8)"), (32, "rag index (assumed 32)")]
     return [(CHUNK_FRAGMENTS, "background indexing"), (BATCH_FRAGMENTS, "rag index")]

@@ -29,8 +29,8 @@ from memoriesd.kinds.turn_windows import (
     window_id,
     window_parent,
 )
-from memoriesd.memory.context import WHOLE_SHARE, PackItem, select
 from memoriesd.memory.excerpt import excerpts
+from memoriesd.memory.packs import WHOLE_SHARE, PackItem, select
 from memoriesd.text import segment
 from memoriesd.vault.records import Record
 

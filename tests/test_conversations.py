@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from memoriesd.conversations.capture import session_key
-from memoriesd.conversations.formats import MAX_TURNS, locomo_date, parse
 from memoriesd.conversations.model import Conversation, meta_for
+from memoriesd.conversations.transcripts import MAX_TURNS, locomo_date, parse
 from memoriesd.errors import UsageError
 from memoriesd.index.caches import embed_input, index_doc
 from memoriesd.kinds.conversation import MAX_CHARS, split_conversation, turn_spans, turns_in

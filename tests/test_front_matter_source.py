@@ -91,7 +91,7 @@ def no_front_matter(text: str) -> None:
 )
 def test_a_cards_fragments_start_after_its_front_matter_with_exact_offsets(body: str, skipped: bool) -> None:
     from memoriesd.index.caches import index_doc
-    from memoriesd.text.documents import parse_front_matter
+    from memoriesd.text.files import parse_front_matter
     from memoriesd.vault.records import Record
 
     doc = index_doc(Record("r", 1, "card", "t", body, False, ()), b"k" * 32)

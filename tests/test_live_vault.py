@@ -22,7 +22,7 @@ from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
 from memoriesd.index.vectors.names import list_sidecars
 from memoriesd.index.vectors.sidecar import VectorStore
-from memoriesd.indexing.background import HOLD_ENV
+from memoriesd.rag.background import HOLD_ENV
 from memoriesd.server.context import Context, Params
 from memoriesd.server.daemon import App
 from memoriesd.vault import crypto

@@ -23,7 +23,7 @@ from memoriesd.errors import (
     MemoriesError,
     RedirectRefused,
 )
-from memoriesd.net.client import HttpClient
+from memoriesd.net.http_client import HttpClient
 from memoriesd.rag.ask import grounded_answer
 from memoriesd.rag.policy import check_device_policy
 from memoriesd.rag.providers import Generator, RemoteEmbedder

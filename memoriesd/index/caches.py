@@ -24,7 +24,7 @@ from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
 from ..kinds.conversation import split_conversation
 from ..kinds.turn_windows import turn_windows, window_id, window_parent
-from ..text.documents import front_matter_end
+from ..text.files import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto
 from ..vault.format import Head

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
 from ..kinds.conversation import KIND, turn_spans
-from ..net.urls import host_of, is_loopback_url
+from ..urls import host_of, is_loopback_url
 from ..vault.records import Record, now
 from ..vault.store import VaultStore
 from .extract_prompt import Extraction, Item, PromptTurn, build_extract_prompt, parse_extraction
@@ -161,7 +161,7 @@ def _select(turns: list[PromptTurn], count: Callable[[str], int], budget: int) -
 def _ask_model(app: Any, store: VaultStore, rec: Record, turns: list[PromptTurn], ctx: Any, notices: list[str]) -> tuple[Extraction, dict[str, Any]]:
     from ..rag.answer import _run_cancellable
     from ..rag.providers import Generator
-    from .context import _counter
+    from .packs import _counter
 
     gen = app.config.generation
     app.rag.check_remote_policy(store, gen.url, "generation")  # before any connection

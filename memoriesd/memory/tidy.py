@@ -266,7 +266,7 @@ def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> d
     """List the candidates (and without ``apply`` stop there), or replace them with summaries."""
     from ..rag.answer import _run_cancellable
     from ..rag.providers import Generator
-    from .context import _counter
+    from .packs import _counter
 
     engine = app.rag
     at = time.time()

@@ -72,7 +72,7 @@ class RagEngine:
         # What serves the local model: in the daemon, a vault's process sets this to reach the shared
         # model process (memoriesd.workers.model_client); in-process use loads the model here.
         self.local_factory: Callable[..., Any] | None = None
-        from ..indexing import BackgroundIndexer
+        from .background import BackgroundIndexer
 
         self.background = BackgroundIndexer(app, self)
         from ..index.caches import restore_after_unlock
@@ -153,7 +153,7 @@ class RagEngine:
         source, why = self.embedding_source()
         if source == "remote":
             from ..errors import DeviceOnly
-            from ..net.urls import host_of
+            from ..urls import host_of
 
             try:
                 self.check_remote_policy(store, self.config.embedding.service.url, "embedding")
@@ -267,7 +267,7 @@ class RagEngine:
         """The one HTTP client of the daemon (created on first use)."""
         with self._http_lock:
             if self._http is None:
-                from ..net.client import HttpClient
+                from ..net.http_client import HttpClient
 
                 self._http = HttpClient(self.config.http)
             return self._http

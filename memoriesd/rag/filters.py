@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import QueryInvalid
 from ..kinds.conversation import turn_spans
 from ..memory.facts import CATEGORIES, KIND, category_of
-from ..text.documents import parse_front_matter
+from ..text.files import parse_front_matter
 from ..vault.records import Record
 from ..vault.store import VaultStore
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..config import ServiceConfig
 from ..errors import ConfigError, GenerationNotConfigured, InvalidModelOutput
-from ..net.client import HttpClient
-from .service import ServiceEndpoint
+from ..net.http_client import HttpClient
+from .remote_service import ServiceEndpoint
 
 __all__ = ["Generator", "RemoteEmbedder", "check_vectors"]
 
