@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import Cancelled, GenerationNotConfigured, NotFound
 from ..vault.store import VaultStore
-from .ask import grounded_answer
 from .engine import RagEngine
+from .grounding import grounded_answer
 from .search import SearchRequest, run_search
 
 POLL_SECONDS = 0.05
