@@ -159,7 +159,7 @@ def _select(turns: list[PromptTurn], count: Callable[[str], int], budget: int) -
 
 
 def _ask_model(app: Any, store: VaultStore, rec: Record, turns: list[PromptTurn], ctx: Any, notices: list[str]) -> tuple[Extraction, dict[str, Any]]:
-    from ..rag.answer import _run_cancellable
+    from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
     from .packs import _counter
 

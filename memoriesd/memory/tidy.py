@@ -253,7 +253,7 @@ def _generation_notice(engine: Any, store: VaultStore) -> str | None:
 
 def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callable[[], None]:
     """A check that raises when the vault locked, the request ended, or an original changed."""
-    from ..rag.answer import unchanged_check
+    from ..rag.ask import unchanged_check
 
     return unchanged_check(
         store, revisions, ctx,
@@ -264,7 +264,7 @@ def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callab
 
 def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:
     """List the candidates (and without ``apply`` stop there), or replace them with summaries."""
-    from ..rag.answer import _run_cancellable
+    from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
     from .packs import _counter
 

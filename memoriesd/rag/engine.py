@@ -1,7 +1,7 @@
 """The retrieval engine of the daemon: index caches, the active embedder, vectors, status.
 
 Search lives in :mod:`memoriesd.rag.search`, ingestion in :mod:`memoriesd.rag.ingest`, grounded
-answers in :mod:`memoriesd.rag.answer`; they all reach the vault's search state through here.
+answers in :mod:`memoriesd.rag.ask`; they all reach the vault's search state through here.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
 
 @method("rag.ask")
 def rag_ask(app: Any, ctx: Context) -> dict[str, Any]:
-    from ..rag.answer import ask
+    from ..rag.ask import ask
 
     store = _store(app, ctx)
     req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface
