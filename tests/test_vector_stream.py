@@ -19,7 +19,8 @@ import pytest
 
 import memoriesd.index.vectors.space as rag_vectors
 from memoriesd.config import CacheConfig
-from memoriesd.index.caches import VaultIndex, embed_input
+from memoriesd.index.caches import VaultIndex
+from memoriesd.index.docs import embed_input
 from memoriesd.index.vectors.names import content_key
 from memoriesd.index.vectors.space import VectorSpace
 from memoriesd.text.segment import configure

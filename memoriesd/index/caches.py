@@ -13,11 +13,9 @@ re-fragmenting and re-segmenting the whole vault.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
@@ -92,35 +90,6 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
         when=(str(rec.meta.get("session_when") or "") or None) if rec.kind == "conversation" else None,
         windows=windows,
     )
-
-
-_H1_LINE = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
-
-
-def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
-    """What the embedder reads for a fragment: ``(title or None, text)``.
-
-    - The model card's ``title: none`` when the record has no title of its own: a card whose title
-      is only its file name (``notes/d000123.md`` -> ``d000123``) is embedded without a title.
-    - The ``# H1`` line that gave the title is not repeated in the first fragment's text (the title
-      is already in the prompt; the first fragment of a card with front matter starts after it).
-      Stored fragment text and byte offsets stay exact: only the embedder's input changes.
-    """
-    title = doc.title.strip()
-    text = frag.text
-    if doc.when:  # a conversation: "who and when" in the title the embedder reads
-        return (f"{title} ({doc.when})" if title else doc.when), text
-    if not title:
-        return None, text
-    if frag.ordinal == 0:
-        m = _H1_LINE.search(text)
-        if m is not None and " ".join(m.group(1).split()) == title:
-            rest = text[m.end() :]
-            rest = rest[1:] if rest.startswith("\n") else rest
-            return title, (text[: m.start()] + rest).strip("\n") or text
-    if doc.kind == "card" and doc.source and PurePath(doc.source).stem == title:
-        return None, text
-    return title, text
 
 
 def _windows_of(doc: IndexedDoc) -> int:

@@ -1,4 +1,5 @@
-"""What the lexical index holds per record revision, and the cache caps that bound it.
+"""What the lexical index holds per record revision, what the embedder reads of each fragment
+(:func:`embed_input`, shared by the vector space and the snapshot keeper), and the cache caps.
 
 Kept apart from :mod:`memoriesd.index.bm25` (which re-exports them) so that code which only counts
 or checks documents never needs the FTS5 index.
@@ -7,8 +8,10 @@ or checks documents never needs the FTS5 index.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from ..config import CacheConfig
 from ..errors import CapExceeded
@@ -44,6 +47,35 @@ class IndexedDoc:
                 body += f.end - lo
                 covered = f.end
         return len(self.title.encode("utf-8")) + len(self.meta_text.encode("utf-8")) + body
+
+
+_H1_LINE = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+
+
+def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
+    """What the embedder reads for a fragment: ``(title or None, text)``.
+
+    - The model card's ``title: none`` when the record has no title of its own: a card whose title
+      is only its file name (``notes/d000123.md`` -> ``d000123``) is embedded without a title.
+    - The ``# H1`` line that gave the title is not repeated in the first fragment's text (the title
+      is already in the prompt; the first fragment of a card with front matter starts after it).
+      Stored fragment text and byte offsets stay exact: only the embedder's input changes.
+    """
+    title = doc.title.strip()
+    text = frag.text
+    if doc.when:  # a conversation: "who and when" in the title the embedder reads
+        return (f"{title} ({doc.when})" if title else doc.when), text
+    if not title:
+        return None, text
+    if frag.ordinal == 0:
+        m = _H1_LINE.search(text)
+        if m is not None and " ".join(m.group(1).split()) == title:
+            rest = text[m.end() :]
+            rest = rest[1:] if rest.startswith("\n") else rest
+            return title, (text[: m.start()] + rest).strip("\n") or text
+    if doc.kind == "card" and doc.source and PurePath(doc.source).stem == title:
+        return None, text
+    return title, text
 
 
 @dataclass(frozen=True)

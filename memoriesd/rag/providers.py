@@ -125,7 +125,7 @@ class RemoteEmbedder:
         else:
             self._model = svc.model
         dims = str(svc.dimensions) if svc.dimensions else "default"
-        # ":d2": the document input format of index.caches.embed_input (no file-name titles, no repeated H1).
+        # ":d2": the document input format of index.docs.embed_input (no file-name titles, no repeated H1).
         self.identity = f"remote:{svc.protocol}:{self._ep.host}:{self._model}:{dims}:d2"
 
     @property

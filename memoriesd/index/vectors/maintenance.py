@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...vault import crypto
-from ..caches import embed_input
+from ..docs import embed_input
 from .matrix import vector_bytes
 from .names import (
     SPACES_NAME,

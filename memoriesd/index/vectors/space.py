@@ -32,7 +32,7 @@ import numpy as np
 from ...errors import InvalidModelOutput, MemoriesError, ModelInputFailed
 from ...kinds.turn_windows import search_with_windows
 from ...vault import crypto
-from ..caches import embed_input
+from ..docs import embed_input
 from .chunks import CONTENT_KEY_HEX, encoding_of_precision
 from .load import SidecarMatch, short_keys
 from .maintenance import (
