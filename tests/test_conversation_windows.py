@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from memoriesd.index.vectors.matrix import VectorIndex
-from memoriesd.kinds.conversation import split_conversation
 from memoriesd.kinds.turn_windows import (
     MAX_WINDOWS,
     combine,
@@ -29,6 +28,7 @@ from memoriesd.kinds.turn_windows import (
     window_id,
     window_parent,
 )
+from memoriesd.kinds.turns import split_conversation
 from memoriesd.memory.excerpt import excerpts
 from memoriesd.memory.packs import WHOLE_SHARE, PackItem, select
 from memoriesd.text import segment

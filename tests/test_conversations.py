@@ -16,7 +16,7 @@ from memoriesd.conversations.transcripts import MAX_TURNS, locomo_date, parse
 from memoriesd.errors import UsageError
 from memoriesd.index.caches import index_doc
 from memoriesd.index.docs import embed_input
-from memoriesd.kinds.conversation import MAX_CHARS, split_conversation, turn_spans, turns_in
+from memoriesd.kinds.turns import MAX_CHARS, split_conversation, turn_spans, turns_in
 from memoriesd.text.fragments import split_fragments
 from memoriesd.vault.records import Record
 

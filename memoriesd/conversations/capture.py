@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
-from ..kinds.conversation import KIND
+from ..kinds.turns import KIND
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 from .model import Conversation, meta_for, session_day

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
-from ..kinds.conversation import split_conversation
 from ..kinds.turn_windows import turn_windows, window_id, window_parent
+from ..kinds.turns import split_conversation
 from ..text.files import front_matter_end
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault import crypto

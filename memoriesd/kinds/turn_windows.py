@@ -32,7 +32,7 @@ from typing import Any
 
 from ..text.fragments import Fragment
 from ..vault.records import Record
-from .conversation import MAX_TURNS, turn_spans
+from .turns import MAX_TURNS, turn_spans
 
 #: Turns per window: a question and its answer.
 WINDOW_TURNS = 2

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ..errors import QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES, BM25Index
 from ..index.docs import IndexedDoc
-from ..kinds.conversation import TurnSpan, turn_spans
+from ..kinds.turns import TurnSpan, turn_spans
 from ..text.fragments import Fragment
 from ..vault.records import Record
 

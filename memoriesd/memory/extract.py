@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
-from ..kinds.conversation import KIND, turn_spans
+from ..kinds.turns import KIND, turn_spans
 from ..urls import host_of, is_loopback_url
 from ..vault.records import Record, now
 from ..vault.store import VaultStore

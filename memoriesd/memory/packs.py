@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
-from ..kinds.conversation import TurnSpan, conversation_view, turn_spans
+from ..kinds.turns import TurnSpan, conversation_view, turn_spans
 from ..vault.records import Record
 from ..vault.store import VaultStore
 from .excerpt import excerpts

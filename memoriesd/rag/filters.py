@@ -29,7 +29,7 @@ from datetime import date, datetime
 from typing import Any
 
 from ..errors import QueryInvalid
-from ..kinds.conversation import turn_spans
+from ..kinds.turns import turn_spans
 from ..memory.facts import CATEGORIES, KIND, category_of
 from ..text.files import parse_front_matter
 from ..vault.records import Record
@@ -88,7 +88,7 @@ def record_day(rec: Record) -> date:
 def speaker_spans(rec: Record, speakers: frozenset[str]) -> Spans:
     """The byte ranges of the record's turns by one of ``speakers`` (casefolded names), in order.
 
-    Read from ``meta.conversation.turns`` (:func:`memoriesd.kinds.conversation.turn_spans`); a
+    Read from ``meta.conversation.turns`` (:func:`memoriesd.kinds.turns.turn_spans`); a
     record that is not a conversation, or whose turns do not fit its body, holds none.
     """
     return tuple((t.start, t.end) for t in turn_spans(rec) or () if t.speaker.casefold() in speakers)

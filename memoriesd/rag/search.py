@@ -368,7 +368,7 @@ def conversation_info(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any]
     if doc.kind != "conversation":
         return None
     from ..errors import MemoriesError
-    from ..kinds.conversation import conversation_view
+    from ..kinds.turns import conversation_view
 
     try:
         rec = out.index.store.get(doc.record_id, doc.revision)
