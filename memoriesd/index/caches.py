@@ -20,10 +20,9 @@ from typing import Any
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
-from ..kinds.turn_windows import turn_windows, window_id, window_parent
-from ..kinds.turns import split_conversation
-from ..text.files import front_matter_end
-from ..text.fragments import Fragment, fingerprint, split_fragments
+from ..kinds.registry import kind_of
+from ..kinds.turn_windows import window_id, window_parent
+from ..text.fragments import Fragment, fingerprint
 from ..vault import crypto
 from ..vault.format import Head
 from ..vault.live import LiveVault
@@ -51,20 +50,10 @@ def meta_text(rec: Record) -> str:
     return " ".join(parts)
 
 
-def body_start(rec: Record) -> int:
-    """Character offset where a record's indexed text starts: after a card's front matter (its
-    values are metadata, searchable through :func:`meta_text`; no fragment shows them), else 0.
-    Fragment offsets still count from the body's first byte: the body keeps the file's text."""
-    return front_matter_end(rec.body) if rec.kind == "card" else 0
-
-
 def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
     """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
     (the vault's fingerprint subkey), and its searchable title and metadata."""
-    if rec.kind == "conversation":  # cut at turn boundaries
-        frags = split_conversation(rec, fp_key)
-    else:
-        frags = split_fragments(rec.id, rec.revision, rec.body, fp_key, skip=body_start(rec))
+    frags = kind_of(rec.kind).fragments(rec, fp_key)
     if not frags and rec.title.strip():
         # A title-only record: one empty fragment so its title and metadata are searchable.
         frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
@@ -76,9 +65,7 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
     the path under the folder that was ingested, only for a card that has no ``source``)."""
     source = rec.meta.get("source") or rec.meta.get("path") or None
-    windows: tuple[tuple[Fragment, ...], ...] = ()
-    if rec.kind == "conversation":
-        windows = turn_windows(rec, fragments)
+    kind = kind_of(rec.kind)
     return IndexedDoc(
         record_id=rec.id,
         revision=rec.revision,
@@ -87,8 +74,8 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
         meta_text=meta_text(rec),
         source=str(source) if source else None,
         fragments=fragments,
-        when=(str(rec.meta.get("session_when") or "") or None) if rec.kind == "conversation" else None,
-        windows=windows,
+        when=kind.when(rec),
+        windows=kind.windows(rec, fragments),
     )
 
 

@@ -11,10 +11,10 @@ import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import PurePath
 
 from ..config import CacheConfig
 from ..errors import CapExceeded
+from ..kinds.registry import kind_of
 from ..text.fragments import Fragment
 
 _MIB = 1024 * 1024
@@ -73,9 +73,7 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
             rest = text[m.end() :]
             rest = rest[1:] if rest.startswith("\n") else rest
             return title, (text[: m.start()] + rest).strip("\n") or text
-    if doc.kind == "card" and doc.source and PurePath(doc.source).stem == title:
-        return None, text
-    return title, text
+    return kind_of(doc.kind).embed_title(title, doc.source), text  # a card titled by its file name: None
 
 
 @dataclass(frozen=True)

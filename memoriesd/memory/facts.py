@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, UsageError
+from ..kinds.fact import CATEGORIES, KIND, category_of
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
 log = logging.getLogger("memoriesd.memory")
 
-KIND = "fact"
-CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")
 #: Categories of the profile block of a context pack, in this order.
 PROFILE_CATEGORIES = ("profile", "preference")
 MIN_CHARS = 3
@@ -200,10 +199,6 @@ def check_importance(value: float | None) -> float | None:
     if value is not None and not 0.0 <= value <= 1.0:
         raise UsageError("--importance is a number from 0 to 1")
     return value
-
-
-def category_of(rec: Record) -> str:
-    return str(rec.meta.get("category") or "fact")
 
 
 def importance_of(rec: Record) -> float:

@@ -468,13 +468,13 @@ class RagEngine:
         if out["fragments"] is None:
             # No index yet: count what it would hold without building it (state stays "none").
             from ..index.bm25 import check_caps
-            from ..index.caches import body_start
+            from ..kinds.registry import kind_of
             from ..text.fragments import split_fragments
 
             n_frags = 0
             size = 0
             for r in searchable:
-                frags = split_fragments(r.id, r.revision, r.body, bytes(32), skip=body_start(r))
+                frags = split_fragments(r.id, r.revision, r.body, bytes(32), skip=kind_of(r.kind).body_start(r))
                 n_frags += max(1, len(frags)) if r.title.strip() or frags else 0
                 size += len(r.title.encode("utf-8")) + len(r.body.encode("utf-8"))
             out["fragments"] = n_frags

@@ -43,6 +43,7 @@ from ..errors import (  # noqa: E402
     VaultLocked,
 )
 from ..home import Home, resolve_home  # noqa: E402
+from ..kinds.registry import register_builtin_kinds
 from ..rag.engine import RagEngine  # noqa: E402
 from ..vault.crypto import KeyWiped  # noqa: E402
 from ..vault.manager import VaultManager  # noqa: E402
@@ -499,6 +500,7 @@ def acquire_lock(home: Home) -> int:
 
 def run_daemon(home: Home) -> int:
     home.ensure()
+    register_builtin_kinds()  # the record kinds the index knows (memoriesd.kinds.registry)
     home.check_socket_path()
     config_watch = ConfigWatch(home.config_path)  # before reading it: an edit from now on is noticed
     config = load_config(home.config_path)

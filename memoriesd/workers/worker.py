@@ -39,6 +39,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before anything can impor
 from ..config import Config, load_config  # noqa: E402
 from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists  # noqa: E402
 from ..home import Home, resolve_home  # noqa: E402
+from ..kinds.registry import register_builtin_kinds
 from ..server.config_watch import ConfigWatch  # noqa: E402
 from ..server.context import Context  # noqa: E402
 from ..server.daemon import App, Server  # noqa: E402
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give --vault ID or --spare")
     harden()
     bound_heap()
+    register_builtin_kinds()  # the record kinds the index knows (memoriesd.kinds.registry)
     code = 0
     try:
         home = resolve_home(args.home)
