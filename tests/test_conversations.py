@@ -14,8 +14,7 @@ from memoriesd.conversations.capture import session_key
 from memoriesd.conversations.model import Conversation, meta_for
 from memoriesd.conversations.transcripts import MAX_TURNS, locomo_date, parse
 from memoriesd.errors import UsageError
-from memoriesd.index.caches import index_doc
-from memoriesd.index.docs import embed_input
+from memoriesd.index.docs import embed_input, index_doc
 from memoriesd.kinds.turns import MAX_CHARS, split_conversation, turn_spans, turns_in
 from memoriesd.text.fragments import split_fragments
 from memoriesd.vault.records import Record

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from memoriesd.errors import QueryInvalid
-from memoriesd.index.caches import index_doc
-from memoriesd.index.docs import embed_input
+from memoriesd.index.docs import embed_input, index_doc
+from memoriesd.kinds.base import PlainKind
 from memoriesd.kinds.registry import (
-    PlainKind,
     kind_names,
     kind_of,
     register,

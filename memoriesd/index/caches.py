@@ -20,64 +20,19 @@ from typing import Any
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
-from ..kinds.registry import kind_of
 from ..kinds.turn_windows import window_id, window_parent
-from ..text.fragments import Fragment, fingerprint
+from ..text.fragments import Fragment
 from ..vault import crypto
 from ..vault.format import Head
 from ..vault.live import LiveVault
 from ..vault.records import Record
 from ..vault.store import VaultStore
-from .bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes
+from .bm25 import BM25Index
+from .docs import IndexedDoc, check_caps, doc_from_record, doc_source_bytes, index_doc
 from .keeper import SnapshotKeeper
 from .snapshot import remove_snapshot, snapshot_path
 
 log = logging.getLogger("memoriesd.index")
-
-META_SKIP = ("sha256",)  # metadata not worth indexing
-
-
-def meta_text(rec: Record) -> str:
-    """Safe metadata as searchable text (tags, front matter values, the source file name)."""
-    parts: list[str] = list(rec.tags)
-    for key, value in rec.meta.items():
-        if key in META_SKIP or key == "source":
-            continue
-        if isinstance(value, list):
-            parts.extend(str(v) for v in value)
-        elif isinstance(value, (str, int, float)):
-            parts.append(str(value))
-    return " ".join(parts)
-
-
-def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
-    """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
-    (the vault's fingerprint subkey), and its searchable title and metadata."""
-    frags = kind_of(rec.kind).fragments(rec, fp_key)
-    if not frags and rec.title.strip():
-        # A title-only record: one empty fragment so its title and metadata are searchable.
-        frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
-    return doc_from_record(rec, tuple(frags))
-
-
-def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
-    """The indexed view of a record revision with the given fragments (from :func:`index_doc`,
-    or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
-    the path under the folder that was ingested, only for a card that has no ``source``)."""
-    source = rec.meta.get("source") or rec.meta.get("path") or None
-    kind = kind_of(rec.kind)
-    return IndexedDoc(
-        record_id=rec.id,
-        revision=rec.revision,
-        kind=rec.kind,
-        title=rec.title,
-        meta_text=meta_text(rec),
-        source=str(source) if source else None,
-        fragments=fragments,
-        when=kind.when(rec),
-        windows=kind.windows(rec, fragments),
-    )
-
 
 def _windows_of(doc: IndexedDoc) -> int:
     return sum(len(w) for w in doc.windows)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from ..config import CacheConfig
 from ..errors import CapExceeded
 from ..kinds.registry import kind_of
-from ..text.fragments import Fragment
+from ..text.fragments import Fragment, fingerprint
+from ..vault.records import Record
 
 _MIB = 1024 * 1024
 
@@ -74,6 +75,51 @@ def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
             rest = rest[1:] if rest.startswith("\n") else rest
             return title, (text[: m.start()] + rest).strip("\n") or text
     return kind_of(doc.kind).embed_title(title, doc.source), text  # a card titled by its file name: None
+
+
+META_SKIP = ("sha256",)  # metadata not worth indexing
+
+
+def meta_text(rec: Record) -> str:
+    """Safe metadata as searchable text (tags, front matter values, the source file name)."""
+    parts: list[str] = list(rec.tags)
+    for key, value in rec.meta.items():
+        if key in META_SKIP or key == "source":
+            continue
+        if isinstance(value, list):
+            parts.extend(str(v) for v in value)
+        elif isinstance(value, (str, int, float)):
+            parts.append(str(value))
+    return " ".join(parts)
+
+
+def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
+    """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
+    (the vault's fingerprint subkey), and its searchable title and metadata."""
+    frags = kind_of(rec.kind).fragments(rec, fp_key)
+    if not frags and rec.title.strip():
+        # A title-only record: one empty fragment so its title and metadata are searchable.
+        frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
+    return doc_from_record(rec, tuple(frags))
+
+
+def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
+    """The indexed view of a record revision with the given fragments (from :func:`index_doc`,
+    or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
+    the path under the folder that was ingested, only for a card that has no ``source``)."""
+    source = rec.meta.get("source") or rec.meta.get("path") or None
+    kind = kind_of(rec.kind)
+    return IndexedDoc(
+        record_id=rec.id,
+        revision=rec.revision,
+        kind=rec.kind,
+        title=rec.title,
+        meta_text=meta_text(rec),
+        source=str(source) if source else None,
+        fragments=fragments,
+        when=kind.when(rec),
+        windows=kind.windows(rec, fragments),
+    )
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import PurePath
 from typing import Any
 
 from ..text.files import front_matter_end
-from .registry import PlainKind
+from .base import PlainKind
 
 KIND = "card"
 

@@ -1,7 +1,7 @@
 """The conversation kind: captured chats (``memory capture``), kind ``conversation``.
 
 How a conversation is cut (:mod:`.turns`), its extra vectors (:mod:`.turn_windows`), and what the
-filters and search results read of it, as one :class:`~.registry.RecordKind`.
+filters and search results read of it, as one :class:`~.base.RecordKind`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import date
 from typing import Any
 
 from ..text.fragments import Fragment
-from .registry import PlainKind, Spans, day_of
+from .base import PlainKind, Spans, day_of
 from .turn_windows import turn_windows
 from .turns import KIND, conversation_view, split_conversation, turn_spans
 

@@ -8,7 +8,7 @@ from datetime import date
 from typing import Any
 
 from ..vault.records import Record
-from .registry import PlainKind
+from .base import PlainKind
 
 KIND = "fact"
 CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")

@@ -29,8 +29,9 @@ from datetime import date, datetime
 from typing import Any
 
 from ..errors import QueryInvalid
+from ..kinds.base import Spans
 from ..kinds.card import KIND as CARD
-from ..kinds.registry import Spans, kind_names, kind_of
+from ..kinds.registry import kind_names, kind_of
 from ..kinds.registry import kinds as kinds_registered
 from ..vault.records import Record
 from ..vault.store import VaultStore

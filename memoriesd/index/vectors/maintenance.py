@@ -62,7 +62,7 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
 def _embed_inputs(store: Any, fp_key: bytes, *, legacy: bool, windows: bool) -> Iterator[tuple[str | None, str, str | None]]:
     """``(title, text, old-scheme key or None)`` of what the embedder reads for every fragment (then
     turn window) of the vault's live, searchable records, as the index builds them."""
-    from ..caches import index_doc
+    from ..docs import index_doc
 
     for rec in store.latest():
         if not rec.searchable:
