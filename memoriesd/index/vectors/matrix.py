@@ -173,7 +173,8 @@ class VectorIndex:
         if row is None:
             return None
         scale = self._scale[row : row + 1] if self.precision == "int8" else None
-        return self._decode(self._buf[row : row + 1], scale)[0]
+        vec: np.ndarray = self._decode(self._buf[row : row + 1], scale)[0]
+        return vec
 
     # -- representation ----------------------------------------------------------------------
 
@@ -217,7 +218,8 @@ class VectorIndex:
     def _scores(self, codes: np.ndarray, scale: np.ndarray | None, q: np.ndarray) -> np.ndarray:
         """Cosine of the unit query ``q`` with each row of ``codes`` (float32)."""
         if self.precision == "float32":
-            return codes @ q
+            scores: np.ndarray = codes @ q
+            return scores
         n = codes.shape[0]
         out = np.empty(n, dtype=np.float32)
         if n == 0:

@@ -427,7 +427,7 @@ class VectorStore:
             take(chunk)
         except Exception as exc:
             raise _TakeFailed(exc) from exc
-        return pos + 4 + n
+        return pos + 4 + int(n)
 
     def append(self, entries: Mapping[str, np.ndarray]) -> None:
         """Add entries durably (fsync) before returning; later duplicates win on load."""

@@ -118,7 +118,7 @@ class VectorSpace:
         doc, frag = vault_index.fragment(frag_id)
         keeper = getattr(vault_index, "keeper", None)
         if keeper is not None:
-            key = keeper.content_key_for(doc, frag)
+            key: str | None = keeper.content_key_for(doc, frag)
             if key is not None:
                 return key
         return self._input_key(doc, frag)[1]
