@@ -697,7 +697,7 @@ def _check_vector_snapshots(vault_dir: Path, vault_id: str, identities: set[str]
 
 def _sidecar_entries(data: bytes) -> list[tuple[str, int, bytes]]:
     """The sealed pieces of a vector sidecar: ("slot", 0|1, blob) and ("chunk", i, blob) in file order
-    (format in memoriesd/index/vector_store.py: MAGIC | 2 commit slots | {u32 length | chunk}*)."""
+    (format in memoriesd/index/vectors/sidecar.py: MAGIC | 2 commit slots | {u32 length | chunk}*)."""
     from memoriesd.index.vectors.sidecar import HEADER_SIZE, MAGIC, SLOT_SIZE
 
     out: list[tuple[str, int, bytes]] = []

@@ -58,7 +58,7 @@ from .names import (
 
 log = logging.getLogger("memoriesd.vectors")
 
-MAGIC = b"MEMVEC\x00\x02"  # version 2: each chunk names its rows' encoding (vector_chunks.py)
+MAGIC = b"MEMVEC\x00\x02"  # version 2: each chunk names its rows' encoding (chunks.py)
 MAGIC_V1 = b"MEMVEC\x00\x01"  # version 1: float32 rows only; read, and rewritten as version 2
 SLOT_SIZE = 256
 HEADER_SIZE = len(MAGIC) + 2 * SLOT_SIZE
@@ -182,7 +182,7 @@ class VectorStore:
     def __init__(
         self, path: Path, *, vault_id: str, identity: str, dims: int, seal: Seal, open_: Open, encoding: str = "float32",
     ) -> None:
-        """``encoding``: how appended rows are written (``vector_chunks.ENCODINGS``: the index's
+        """``encoding``: how appended rows are written (``chunks.ENCODINGS``: the index's
         precision); a rewrite keeps rows at most as wide as the file had them (never widens)."""
         if dims <= 0:
             raise ValueError("dims must be positive")
@@ -337,7 +337,7 @@ class VectorStore:
 
     def scan_chunks(self, take: Callable[[Chunk], None]) -> bool | None:
         """Every stored vector, a chunk at a time: ``take(chunk)`` per chunk in file order
-        (:class:`~.vector_chunks.Chunk`: its keys and its rows as stored, read-only views; a later
+        (:class:`~.chunks.Chunk`: its keys and its rows as stored, read-only views; a later
         duplicate key wins, as in :meth:`load`). The file is read a frame at a time, so memory
         holds one chunk, never the whole file or a float32 copy of every row.
 
