@@ -1,8 +1,8 @@
 """What the lexical index holds per record revision, what the embedder reads of each fragment
 (:func:`embed_input`, shared by the vector space and the snapshot keeper), and the cache caps.
 
-Kept apart from :mod:`memoriesd.index.bm25` (which re-exports them) so that code which only counts
-or checks documents never needs the FTS5 index.
+Kept apart from :mod:`memoriesd.index.bm25` so that code which only counts or checks documents
+never needs the FTS5 index.
 """
 
 from __future__ import annotations

@@ -467,7 +467,7 @@ class RagEngine:
         out["embedding"].update({"served_by": served_by, "reason": reason})
         if out["fragments"] is None:
             # No index yet: count what it would hold without building it (state stays "none").
-            from ..index.bm25 import check_caps
+            from ..index.docs import check_caps
             from ..kinds.registry import kind_of
             from ..text.fragments import split_fragments
 
