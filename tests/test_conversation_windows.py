@@ -1,5 +1,5 @@
 """Turn windows: a conversation fragment also gets a vector per two consecutive turns, and its
-vector score is lifted by the window that matches best (memoriesd.kinds.turn_windows).
+vector score is lifted by the window that matches best (memoriesd.index.vectors.windows).
 
 The pure parts (which windows a fragment has, how scores combine over a real VectorIndex) are
 tested directly; the rest through a real memoriesd with a real loopback embedding service
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from memoriesd.index.vectors.matrix import VectorIndex
-from memoriesd.kinds.turn_windows import (
+from memoriesd.index.vectors.windows import (
     MAX_WINDOWS,
     combine,
     search_with_windows,

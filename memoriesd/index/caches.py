@@ -20,7 +20,6 @@ from typing import Any
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
-from ..kinds.turn_windows import window_id, window_parent
 from ..text.fragments import Fragment
 from ..vault import crypto
 from ..vault.format import Head
@@ -31,6 +30,7 @@ from .bm25 import BM25Index
 from .docs import IndexedDoc, check_caps, doc_from_record, doc_source_bytes, index_doc
 from .keeper import SnapshotKeeper
 from .snapshot import remove_snapshot, snapshot_path
+from .vectors.windows import window_id, window_parent
 
 log = logging.getLogger("memoriesd.index")
 
@@ -185,7 +185,7 @@ class VaultIndex:
         return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
 
     def window_ids(self, frag_id: int) -> list[int]:
-        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.kinds.turn_windows`)."""
+        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.index.vectors.windows`)."""
         got = self.bm25.fragments.get(frag_id) if self.bm25 is not None and frag_id >= 0 else None
         if got is None or not got[0].windows:
             return []

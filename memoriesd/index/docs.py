@@ -34,7 +34,7 @@ class IndexedDoc:
     fragments: tuple[Fragment, ...]
     when: str | None = None  # a conversation's session date in words (part of its embedding title)
     # A conversation's turn windows per fragment, aligned with ``fragments`` (vectors only:
-    # memoriesd.kinds.turn_windows); () for every other record.
+    # memoriesd.index.vectors.windows); () for every other record.
     windows: tuple[tuple[Fragment, ...], ...] = ()
 
     @functools.cached_property

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from ..index.vectors.windows import turn_windows
 from ..text.fragments import Fragment
 from .base import PlainKind, Spans, day_of
-from .turn_windows import turn_windows
 from .turns import KIND, conversation_view, split_conversation, turn_spans
 
 

@@ -8,7 +8,7 @@ Two blocks, in this order, each item labelled ``[S1]``, ``[S2]``... and always w
    and fragments of notes and cards; with a model, vector neighbours under its evidence floor are
    left out, as for ``rag ask``), best first, without what the first block already holds. As for
    ``rag ask``, a conversation fragment's vector score is lifted by its best turn window
-   (:mod:`memoriesd.kinds.turn_windows`).
+   (:mod:`memoriesd.index.vectors.windows`).
 
 Sizes are counted with the embedding model's tokenizer when a local model is in use (special
 tokens excluded; a text longer than the model reads is counted in halves), else estimated: one

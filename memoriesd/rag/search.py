@@ -61,7 +61,7 @@ class SearchRequest:
     candidates: int | None = None
     filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
     # Conversation fragments ranked by their own vector lifted by their best turn window
-    # (memoriesd.kinds.turn_windows): the answering surfaces (ask, context) set it.
+    # (memoriesd.index.vectors.windows): the answering surfaces (ask, context) set it.
     windows: bool = False
 
 
@@ -78,7 +78,7 @@ class SearchOutcome:
     # releases them from the index, never from a result).
     frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     # With SearchRequest.windows: the closest turn window (its index) of each conversation
-    # fragment the vector side found (memoriesd.kinds.turn_windows).
+    # fragment the vector side found (memoriesd.index.vectors.windows).
     best_windows: dict[int, int] = field(default_factory=dict)
     # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
     # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).

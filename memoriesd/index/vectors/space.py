@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidModelOutput, MemoriesError, ModelInputFailed
-from ...kinds.turn_windows import search_with_windows
 from ...vault import crypto
 from ..docs import embed_input
 from .chunks import CONTENT_KEY_HEX, encoding_of_precision
@@ -42,6 +41,7 @@ from .maintenance import (
 from .matrix import VectorIndex, check_vector_cap
 from .names import content_key, entry_key, is_legacy_key, rekeyed, sidecar_path
 from .sidecar import VectorStore
+from .windows import search_with_windows
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
@@ -529,7 +529,7 @@ class VectorSpace:
         best_windows: dict[int, int] | None = None,
     ) -> list[tuple[int, float]]:
         """Top ``k`` ``(fragment id, cosine)``. ``windows``: a conversation fragment scores its own
-        cosine lifted by its best turn window (:mod:`memoriesd.kinds.turn_windows`), as the
+        cosine lifted by its best turn window (:mod:`memoriesd.index.vectors.windows`), as the
         answering surfaces (``rag context``, ``rag ask``) rank, and ``best_windows`` receives
         which window that was; else its own cosine alone."""
         with self.lock:

@@ -30,9 +30,9 @@ import bisect
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..text.fragments import Fragment
-from ..vault.records import Record
-from .turns import MAX_TURNS, turn_spans
+from ...kinds.turns import MAX_TURNS, turn_spans
+from ...text.fragments import Fragment
+from ...vault.records import Record
 
 #: Turns per window: a question and its answer.
 WINDOW_TURNS = 2
