@@ -24,11 +24,10 @@ from memoriesd.index.vectors.windows import (
     MAX_WINDOWS,
     combine,
     search_with_windows,
-    turn_windows,
     window_id,
     window_parent,
 )
-from memoriesd.kinds.turns import split_conversation
+from memoriesd.kinds.turns import split_conversation, turn_windows
 from memoriesd.memory.excerpt import excerpts
 from memoriesd.memory.packs import WHOLE_SHARE, PackItem, select
 from memoriesd.text import segment

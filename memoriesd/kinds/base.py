@@ -12,6 +12,9 @@ from typing import Any, Protocol
 from ..text.files import parse_front_matter
 from ..text.fragments import Fragment, split_fragments
 
+#: The most windows (extra vectors, :meth:`RecordKind.windows`) a fragment of any kind may have:
+#: window keys are derived from fragment ids with room for this many (index/vectors/windows.py).
+MAX_WINDOWS = 32
 #: Byte ranges ``(start, end)`` of a record's body.
 Spans = tuple[tuple[int, int], ...]
 _DAY = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:$|[T ]|\s)")  # an ISO date, maybe with a time
@@ -44,6 +47,11 @@ class RecordKind(Protocol):
     @property
     def has_speakers(self) -> bool:
         """Whether ``--speaker`` can select its records (they have turns)."""
+        ...
+
+    @property
+    def max_windows(self) -> int:
+        """The most windows :meth:`windows` gives a fragment (at most :data:`MAX_WINDOWS`)."""
         ...
 
     def body_start(self, rec: Any) -> int:
@@ -97,6 +105,7 @@ class PlainKind:
     name: str
     categories: tuple[str, ...] = ()
     has_speakers: bool = False
+    max_windows: int = 0
 
     def body_start(self, rec: Any) -> int:
         """Character offset where the indexed text starts (0: the whole body)."""
@@ -135,4 +144,4 @@ class PlainKind:
         return False
 
 
-__all__ = ["PlainKind", "RecordKind", "Spans", "day_of"]
+__all__ = ["MAX_WINDOWS", "PlainKind", "RecordKind", "Spans", "day_of"]

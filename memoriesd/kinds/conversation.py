@@ -1,7 +1,8 @@
 """The conversation kind: captured chats (``memory capture``), kind ``conversation``.
 
-How a conversation is cut (:mod:`.turns`), its extra vectors (:mod:`.turn_windows`), and what the
-filters and search results read of it, as one :class:`~.base.RecordKind`.
+How a conversation is cut and its turn windows (:mod:`.turns`; the windows are searched by
+:mod:`memoriesd.index.vectors.windows`), and what the filters and search results read of it, as
+one :class:`~.base.RecordKind`.
 """
 
 from __future__ import annotations
@@ -11,20 +12,28 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from ..index.vectors.windows import turn_windows
 from ..text.fragments import Fragment
 from .base import PlainKind, Spans, day_of
-from .turns import KIND, conversation_view, split_conversation, turn_spans
+from .turns import (
+    KIND,
+    MAX_TURNS,
+    WINDOW_TURNS,
+    conversation_view,
+    split_conversation,
+    turn_spans,
+    turn_windows,
+)
 
 
 @dataclass(frozen=True)
 class ConversationKind(PlainKind):
-    """A conversation is cut at turn boundaries, has turn windows (:mod:`.turn_windows`), its
+    """A conversation is cut at turn boundaries, has turn windows (:func:`.turns.turn_windows`), its
     session's time in its embedding title, its session date as its day, speakers for ``--speaker``,
     and its turns in search results (:func:`conversation_view`)."""
 
     name: str = KIND
     has_speakers: bool = True
+    max_windows: int = MAX_TURNS - WINDOW_TURNS + 1  # a fragment holds at most MAX_TURNS (12) turns
 
     def fragments(self, rec: Any, fp_key: bytes) -> list[Fragment]:
         return split_conversation(rec, fp_key)

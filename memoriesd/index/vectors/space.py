@@ -74,7 +74,7 @@ class VectorSpace:
     def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
-        self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turn_windows)
+        self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turns.turn_windows)
         self.dims = dims
         self.max_vector_mib = max_vector_mib
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
