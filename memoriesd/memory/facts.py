@@ -383,19 +383,16 @@ def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> 
 
 
 __all__ = [
-    "CATEGORIES",
     "LEXICAL_SAME",
     "fact_tokens",
     "jaccard",
     "normalise",
     "normalise_key",
     "revision_cue",
-    "KIND",
     "MAX_CHARS",
     "PROFILE_CATEGORIES",
     "Outcome",
     "RememberRequest",
-    "category_of",
     "current_facts",
     "fact_view",
     "importance_of",

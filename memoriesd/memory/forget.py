@@ -31,11 +31,12 @@ from typing import Any
 
 from ..errors import NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
+from ..kinds.fact import KIND, category_of
 from ..vault import fsio
 from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
-from .facts import KIND, category_of, fact_tokens
+from .facts import fact_tokens
 
 log = logging.getLogger("memoriesd.memory")
 

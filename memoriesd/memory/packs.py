@@ -47,11 +47,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
+from ..kinds.fact import KIND, category_of
 from ..kinds.turns import TurnSpan, conversation_view, turn_spans
 from ..vault.records import Record
 from ..vault.store import VaultStore
 from .excerpt import excerpts
-from .facts import KIND, category_of, current_facts, profile_order
+from .facts import current_facts, profile_order
 
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"

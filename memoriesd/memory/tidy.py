@@ -44,10 +44,11 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import DeviceOnly, GenerationNotConfigured, UsageError
+from ..kinds.fact import KIND as FACT
+from ..kinds.fact import category_of
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
-from .facts import KIND as FACT
-from .facts import category_of, fact_view, importance_of
+from .facts import fact_view, importance_of
 from .forget import SNIPPET, purge
 from .summary_prompt import SourceRecord, build_summary_prompt, parse_summary
 
