@@ -623,7 +623,8 @@ def _check_vector_snapshots(vault_dir: Path, vault_id: str, identities: set[str]
     batch sealed under a wiped key after batches under the real key leaves a file no key opens whole)."""
     import logging
 
-    from memoriesd.index.vector_store import SPACES_NAME, VectorStore, read_spaces
+    from memoriesd.index.vectors.names import SPACES_NAME, read_spaces
+    from memoriesd.index.vectors.sidecar import VectorStore
     from memoriesd.vault import crypto
     from memoriesd.vault.format import read_header
     from memoriesd.vault.store import unwrap_key
@@ -696,8 +697,8 @@ def _check_vector_snapshots(vault_dir: Path, vault_id: str, identities: set[str]
 
 def _sidecar_entries(data: bytes) -> list[tuple[str, int, bytes]]:
     """The sealed pieces of a vector sidecar: ("slot", 0|1, blob) and ("chunk", i, blob) in file order
-    (format in memoriesd/index/vector_store.py: MAGIC | 2 commit slots | {u32 length | chunk}*)."""
-    from memoriesd.index.vector_store import HEADER_SIZE, MAGIC, SLOT_SIZE
+    (format in memoriesd/index/vectors/sidecar.py: MAGIC | 2 commit slots | {u32 length | chunk}*)."""
+    from memoriesd.index.vectors.sidecar import HEADER_SIZE, MAGIC, SLOT_SIZE
 
     out: list[tuple[str, int, bytes]] = []
     if data[: len(MAGIC)] != MAGIC or len(data) < HEADER_SIZE:

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from memoriesd.embed.local import OUTPUT_NAME, LocalEmbedder, fixed_batches, plan_batches  # noqa: E402
 from memoriesd.embed.profile import find_graph, format_document  # noqa: E402
-from memoriesd.index.vectors import VectorIndex  # noqa: E402
+from memoriesd.index.vectors.matrix import VectorIndex  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 SHARED = REPO.parent / "shared"
@@ -326,8 +326,8 @@ def daemon_call_sizes() -> list[tuple[int, str]]:
     Imported lazily: those modules pull in the whole index stack, which this benchmark needs
     for nothing else (8 and 32 when it cannot be imported; the JSON says so)."""
     try:
-        from memoriesd.indexing.background import CHUNK_FRAGMENTS
-        from memoriesd.rag.vectors import BATCH_FRAGMENTS
+        from memoriesd.index.vectors.space import BATCH_FRAGMENTS
+        from memoriesd.rag.background import CHUNK_FRAGMENTS
     except ImportError:
         return [(8, "background indexing (assumed 8)"), (32, "rag index (assumed 32)")]
     return [(CHUNK_FRAGMENTS, "background indexing"), (BATCH_FRAGMENTS, "rag index")]

@@ -162,7 +162,7 @@ def make_sidecar(path: Path, n: int, dims: int, key: bytes) -> float:
     """A sealed sidecar of ``n`` random unit vectors (written once, reused by every child)."""
     import numpy as np
 
-    from memoriesd.index.vector_store import VectorStore
+    from memoriesd.index.vectors.sidecar import VectorStore
     from memoriesd.vault import crypto
 
     rng = np.random.default_rng(7)
@@ -178,8 +178,8 @@ def make_sidecar(path: Path, n: int, dims: int, key: bytes) -> float:
 def vector_child(path: Path, dims: int, key: bytes, precision: str, default_heap: bool) -> dict[str, Any]:
     import numpy as np
 
-    from memoriesd.index.vector_store import VectorStore
-    from memoriesd.index.vectors import VectorIndex
+    from memoriesd.index.vectors.matrix import VectorIndex
+    from memoriesd.index.vectors.sidecar import VectorStore
     from memoriesd.vault import crypto
 
     if not default_heap:
@@ -232,7 +232,7 @@ def chunk_open_ms(path: Path, store: Any) -> float:
     vectors): the price per chunk of re-scoring candidates from the float32 rows on disk."""
     import struct
 
-    from memoriesd.index.vector_store import HEADER_SIZE
+    from memoriesd.index.vectors.sidecar import HEADER_SIZE
 
     raw = path.read_bytes()
     (length,) = struct.unpack_from(">I", raw, HEADER_SIZE)

@@ -215,7 +215,8 @@ def _prepare_baseline(tree: Path, home: Path, log: Callable[[str], None]) -> Dae
 def _as_version_1(home: Path) -> bool:
     """Rewrite the (locked) vault's vector sidecar as a version-1 file (float32 rows), as a tree from
     before version-2 sidecars wrote it. False when the vault has no version-2 sidecar."""
-    from memoriesd.index.vector_store import MAGIC, VectorStore, read_spaces, sidecar_opaque_id
+    from memoriesd.index.vectors.names import read_spaces, sidecar_opaque_id
+    from memoriesd.index.vectors.sidecar import MAGIC, VectorStore
     from memoriesd.vault import crypto
     from memoriesd.vault.store import VaultStore
 

@@ -35,7 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from memoriesd.index.bm25 import BM25Index, IndexedDoc  # noqa: E402
+from memoriesd.index.bm25 import BM25Index  # noqa: E402
+from memoriesd.index.docs import IndexedDoc  # noqa: E402
 from memoriesd.text import segment  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 from memoriesd.text.segment import Segmentation  # noqa: E402

@@ -15,7 +15,7 @@ from memoriesd.server.protocol import DEFAULT_MAX_FRAME
 
 from .state import STATE, call, emit_json, notice, safe_text, table
 
-FORMATS = ("auto", "jsonl", "markdown", "locomo")  # memoriesd.conversations.formats.FORMATS
+FORMATS = ("auto", "jsonl", "markdown", "locomo")  # memoriesd.conversations.transcripts.FORMATS
 #: Room in a request frame for everything but the text (vault, options, JSON framing).
 _FRAME_ROOM = 64 * 1024
 MAX_TEXT_BYTES = DEFAULT_MAX_FRAME - _FRAME_ROOM

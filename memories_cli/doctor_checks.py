@@ -312,7 +312,7 @@ def _endpoints(ctx: Context) -> list[tuple[str, str]]:
 def check_proxy(ctx: Context) -> list[Finding]:
     from memoriesd.errors import MemoriesError
     from memoriesd.net.proxy import proxy_for, proxy_label
-    from memoriesd.net.urls import parse_url
+    from memoriesd.urls import parse_url
 
     env = ctx.environ
     http = ctx.config.http

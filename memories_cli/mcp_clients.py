@@ -33,7 +33,7 @@ from typing import Any
 
 from memoriesd.errors import MemoriesError
 
-from .grant_cmds import GRANT_ENV
+from .grant_setup import GRANT_ENV
 
 CLIENT_CONFIG_INVALID = "client_config_invalid"
 

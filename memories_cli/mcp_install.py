@@ -17,7 +17,7 @@ import typer
 
 from memoriesd.errors import MemoriesError, NotFound, UsageError
 
-from .grant_cmds import DEFAULT_SCOPE, client_setup, create_grant, tell_grant
+from .grant_setup import DEFAULT_SCOPE, client_setup, create_grant, tell_grant
 from .state import STATE, call, cli_command, emit_json, fmt_time, notice
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ MAX_FILE = 6 * 1024 * 1024
 
 def _special_kind(mode: int) -> str | None:
     """What a non-regular file is ("a FIFO (named pipe)"...), or None for a regular file."""
-    from memoriesd.text.documents import non_regular_kind
+    from memoriesd.text.files import non_regular_kind
 
     return non_regular_kind(mode)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .state import STATE, safe_text
+from .state import safe_text, use_color
 
 #: Width when stdout is not a terminal and COLUMNS is unset.
 PIPED_COLUMNS = 100
@@ -53,16 +53,6 @@ def _cjk_run() -> re.Pattern[str]:
 @functools.cache
 def _word() -> re.Pattern[str]:
     return re.compile(rf"[^\W{_CJK}]+")
-
-
-def use_color(choice: str | None = None) -> bool:
-    """Colour and bold for stdout: ``--color always|never``, else (auto) a terminal without ``NO_COLOR``."""
-    choice = choice or STATE.color
-    if choice == "always":
-        return True
-    if choice == "never" or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
-    return sys.stdout.isatty()
 
 
 def width() -> int:
@@ -340,7 +330,6 @@ __all__ = [
     "query_terms",
     "score_text",
     "snippet",
-    "use_color",
     "width",
     "wrap",
 ]

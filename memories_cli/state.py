@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from memoriesd.home import Home, resolve_home
 class State:
     home_arg: str | None = None
     json: bool = False
-    color: str = "auto"  # --color auto|always|never (memories_cli.render.use_color)
+    color: str = "auto"  # --color auto|always|never (use_color)
 
     @property
     def home(self) -> Home:
@@ -88,16 +89,24 @@ def report(obj: Any, human: str) -> None:
         notice(human)
 
 
+def use_color(choice: str | None = None) -> bool:
+    """Colour and bold for stdout: ``--color always|never``, else (auto) a terminal without ``NO_COLOR``."""
+    choice = choice or STATE.color
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout.isatty()
+
+
 def notice(text: str) -> None:
     """Notices go to stderr (stdout stays machine-readable)."""
     sys.stderr.write(safe_text(text, multiline=True) + "\n")
 
 
 def console() -> Any:
-    """A rich console for stdout: colour only where :func:`memories_cli.render.use_color` allows it."""
+    """A rich console for stdout: colour only where :func:`use_color` allows it."""
     from rich.console import Console
-
-    from .render import use_color
 
     color = use_color()
     return Console(highlight=False, soft_wrap=False, no_color=not color, color_system="auto" if color else None)

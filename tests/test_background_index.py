@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memoriesd.indexing.background import HOLD_ENV
+from memoriesd.rag.background import HOLD_ENV
 
 from .conftest import SHARED, Daemon, cli_json, create_vault, needs_shared, run_cli, running_daemon
 from .tinymodel import make_tiny_model

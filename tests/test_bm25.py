@@ -13,7 +13,8 @@ import pytest
 
 from memoriesd.config import CacheConfig
 from memoriesd.errors import CapExceeded, QueryInvalid
-from memoriesd.index.bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes, index_stats
+from memoriesd.index.bm25 import BM25Index
+from memoriesd.index.docs import IndexedDoc, check_caps, doc_source_bytes, index_stats
 from memoriesd.index.query import MAX_TERMS, parse_query
 from memoriesd.text import segment as seg
 from memoriesd.text.fragments import split_fragments

@@ -102,7 +102,7 @@ def test_trimmed_spares_reread_the_sidecar_only_for_a_key_it_may_hold(make_app: 
 def test_the_vector_index_gives_capacity_back_after_most_rows_are_removed() -> None:
     import numpy as np
 
-    from memoriesd.index.vectors import VectorIndex
+    from memoriesd.index.vectors.matrix import VectorIndex
 
     ix = VectorIndex(8)
     rng = np.random.default_rng(0)

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memoriesd.index.vector_store import VectorStore, is_legacy_key, read_spaces, sidecar_opaque_id
-from memoriesd.rag.vectors import live_fragment_keys
+from memoriesd.index.vectors.maintenance import live_fragment_keys
+from memoriesd.index.vectors.names import is_legacy_key, read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
 
@@ -207,7 +208,7 @@ def test_reingesting_an_unchanged_folder_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_content_keys_bind_exactly_the_model_input_under_the_vault_key() -> None:
-    from memoriesd.index.vector_store import content_key
+    from memoriesd.index.vectors.names import content_key
 
     a, b = bytes(range(32)), bytes(32)
     assert content_key(a, "Title", "text") == content_key(bytearray(a), "Title", "text")

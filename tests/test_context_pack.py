@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from memoriesd.embed.local import LocalEmbedder
-from memoriesd.memory.context import PackItem, TokenCounter, estimate_tokens, select
+from memoriesd.memory.packs import PackItem, TokenCounter, estimate_tokens, select
 
 from .conftest import SHARED, Daemon, cli_json, create_vault, run_cli, running_daemon
 

@@ -1,5 +1,5 @@
 """Turn windows: a conversation fragment also gets a vector per two consecutive turns, and its
-vector score is lifted by the window that matches best (memoriesd.conversations.windows).
+vector score is lifted by the window that matches best (memoriesd.index.vectors.windows).
 
 The pure parts (which windows a fragment has, how scores combine over a real VectorIndex) are
 tested directly; the rest through a real memoriesd with a real loopback embedding service
@@ -19,18 +19,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memoriesd.conversations.excerpt import excerpts
-from memoriesd.conversations.fragments import split_conversation
-from memoriesd.conversations.windows import (
+from memoriesd.index.vectors.matrix import VectorIndex
+from memoriesd.index.vectors.windows import (
     MAX_WINDOWS,
     combine,
     search_with_windows,
-    turn_windows,
     window_id,
     window_parent,
 )
-from memoriesd.index.vectors import VectorIndex
-from memoriesd.memory.context import WHOLE_SHARE, PackItem, select
+from memoriesd.kinds.turns import split_conversation, turn_windows
+from memoriesd.memory.excerpt import excerpts
+from memoriesd.memory.packs import WHOLE_SHARE, PackItem, select
 from memoriesd.text import segment
 from memoriesd.vault.records import Record
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from memoriesd.conversations.capture import session_key
-from memoriesd.conversations.formats import MAX_TURNS, locomo_date, parse
-from memoriesd.conversations.fragments import MAX_CHARS, split_conversation, turn_spans, turns_in
 from memoriesd.conversations.model import Conversation, meta_for
+from memoriesd.conversations.transcripts import MAX_TURNS, locomo_date, parse
 from memoriesd.errors import UsageError
-from memoriesd.index.caches import embed_input, index_doc
+from memoriesd.index.docs import embed_input, index_doc
+from memoriesd.kinds.turns import MAX_CHARS, split_conversation, turn_spans, turns_in
 from memoriesd.text.fragments import split_fragments
 from memoriesd.vault.records import Record
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memoriesd.errors import DocumentRefused
-from memoriesd.text.documents import PathKeys, discover, parse_document
+from memoriesd.text.files import PathKeys, discover, parse_document
 
 
 def _png() -> bytes:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from memoriesd.conversations.extract_prompt import MAX_ITEMS, parse_extraction
 from memoriesd.conversations.model import Turn
-from memoriesd.conversations.patterns import extract_patterns
 from memoriesd.errors import InvalidModelOutput
+from memoriesd.memory.extract_prompt import MAX_ITEMS, parse_extraction
+from memoriesd.memory.patterns import extract_patterns
 
 from .conftest import Daemon, cli_json, create_vault, run_cli, running_daemon
 from .servers import Mirror, Scripted

@@ -21,7 +21,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from memories_cli.grant_cmds import mcp_env
+from memories_cli.grant_setup import mcp_env
 from memories_cli.state import STATE
 from memoriesd.server.config_watch import ConfigWatch, name_config_path
 

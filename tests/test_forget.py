@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
-from memoriesd.index.vector_store import VectorStore, list_sidecars, read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.maintenance import live_fragment_keys
+from memoriesd.index.vectors.names import list_sidecars, read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.memory.recalls import Recalls
-from memoriesd.rag.vectors import live_fragment_keys
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore

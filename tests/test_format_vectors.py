@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
-from memoriesd.index.vector_store import VectorStore, read_spaces
+from memoriesd.index.vectors.names import read_spaces
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.format import read_header

@@ -90,8 +90,8 @@ def no_front_matter(text: str) -> None:
     ],
 )
 def test_a_cards_fragments_start_after_its_front_matter_with_exact_offsets(body: str, skipped: bool) -> None:
-    from memoriesd.index.caches import index_doc
-    from memoriesd.text.documents import parse_front_matter
+    from memoriesd.index.docs import index_doc
+    from memoriesd.text.files import parse_front_matter
     from memoriesd.vault.records import Record
 
     doc = index_doc(Record("r", 1, "card", "t", body, False, ()), b"k" * 32)
@@ -111,7 +111,7 @@ def test_a_cards_fragments_start_after_its_front_matter_with_exact_offsets(body:
 
 
 def test_a_card_of_only_front_matter_is_found_by_its_title_and_metadata() -> None:
-    from memoriesd.index.caches import index_doc
+    from memoriesd.index.docs import index_doc
     from memoriesd.vault.records import Record
 
     doc = index_doc(Record("r", 1, "card", "Trip", FRONT, False, ("travel",), meta={"reviewer": CANARY}), b"k" * 32)

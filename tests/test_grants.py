@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from memories_cli.grant_cmds import parse_scopes, parse_ttl
+from memories_cli.grant_setup import parse_scopes, parse_ttl
 from memoriesd.errors import UsageError
 from memoriesd.vault.records import new_record_id
 

@@ -22,7 +22,7 @@ from memoriesd.errors import (
     RedirectRefused,
     UrlRefused,
 )
-from memoriesd.net.client import HttpClient, error_excerpt, retry_delay
+from memoriesd.net.http_client import HttpClient, error_excerpt, retry_delay
 from memoriesd.net.proxy import no_proxy_matches
 from tests.servers import ConnectProxy, LoopbackCA, Mirror, Scripted, Socks5Proxy, make_test_ca
 

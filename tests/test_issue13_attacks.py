@@ -23,7 +23,7 @@ from memoriesd.config import HttpConfig
 from memoriesd.embed.install import default_manifest_path, install_model, load_manifest
 from memoriesd.errors import DocumentRefused, HttpError, InvalidParams
 from memoriesd.server.context import Params
-from memoriesd.text.documents import discover, read_document
+from memoriesd.text.files import discover, read_document
 from tests.conftest import Daemon, create_vault, run_cli, running_daemon, short_tmpdir, write_config
 
 ESC_TITLE = "T\x1b]0;pwned\x07\x1b[2J"

@@ -20,9 +20,10 @@ import pytest
 from memoriesd.config import load_config
 from memoriesd.errors import MemoriesError
 from memoriesd.home import Home
-from memoriesd.index.vector_store import VectorStore, list_sidecars
-from memoriesd.indexing.background import HOLD_ENV
+from memoriesd.index.vectors.names import list_sidecars
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.main import build_app
+from memoriesd.rag.background import HOLD_ENV
 from memoriesd.server.app import App
 from memoriesd.server.context import Context, Params
 from memoriesd.vault import crypto

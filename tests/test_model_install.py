@@ -31,8 +31,8 @@ from memoriesd.errors import (
     RedirectRefused,
     UrlRefused,
 )
-from memoriesd.net.client import MAX_RETRY_AFTER_SECONDS
 from memoriesd.net.download import redirect_target
+from memoriesd.net.http_client import MAX_RETRY_AFTER_SECONDS
 from tests.conftest import needs_shared
 from tests.servers import ConnectProxy, LoopbackCA, Mirror, Scripted, make_test_ca
 

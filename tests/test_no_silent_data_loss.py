@@ -22,8 +22,14 @@ from pathlib import Path
 import pytest
 
 from memoriesd.errors import MemoriesError
-from memoriesd.index.vector_names import SpacesDamaged, read_spaces, register_in_spaces, write_spaces
-from memoriesd.index.vector_store import SPACES_NAME, list_sidecars
+from memoriesd.index.vectors.names import (
+    SPACES_NAME,
+    SpacesDamaged,
+    list_sidecars,
+    read_spaces,
+    register_in_spaces,
+    write_spaces,
+)
 
 from .conftest import REPO, Daemon, cli_json, run_cli, short_tmpdir, write_config
 from .test_forget import _add, _daemon

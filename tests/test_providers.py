@@ -23,8 +23,8 @@ from memoriesd.errors import (
     MemoriesError,
     RedirectRefused,
 )
-from memoriesd.net.client import HttpClient
-from memoriesd.rag.ask import grounded_answer
+from memoriesd.net.http_client import HttpClient
+from memoriesd.rag.grounding import grounded_answer
 from memoriesd.rag.policy import check_device_policy
 from memoriesd.rag.providers import Generator, RemoteEmbedder
 from tests.servers import Mirror, Scripted, Socks5Proxy

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from memoriesd.index.vector_store import VectorStore, list_sidecars, read_spaces, sidecar_opaque_id  # noqa: E402
+from memoriesd.index.vectors.names import list_sidecars, read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.vault import crypto  # noqa: E402
 from memoriesd.vault.format import decode_full_log, open_head, read_header  # noqa: E402
 from memoriesd.vault.store import VaultStore, unwrap_key  # noqa: E402

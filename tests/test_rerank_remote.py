@@ -12,7 +12,7 @@ import pytest
 
 from memoriesd.config import HttpConfig, ServiceConfig
 from memoriesd.errors import AuthFailed, ConfigError, RerankFailed
-from memoriesd.net.client import HttpClient
+from memoriesd.net.http_client import HttpClient
 from memoriesd.rag.fusion import Candidate, order_by_scores
 from memoriesd.rag.rerank import remote_rerank
 from tests.conftest import create_vault, running_daemon

@@ -108,8 +108,7 @@ def test_a_fragment_the_model_cannot_embed_is_skipped_and_costs_the_vault_nothin
 
 
 def test_what_the_embedder_reads_no_file_name_title_and_no_repeated_h1() -> None:
-    from memoriesd.index.bm25 import IndexedDoc
-    from memoriesd.index.caches import embed_input
+    from memoriesd.index.docs import IndexedDoc, embed_input
     from memoriesd.text.fragments import Fragment
 
     def doc(title: str, source: str | None, kind: str = "card") -> IndexedDoc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memoriesd.errors import UrlRefused
-from memoriesd.net.urls import check_url, display_url, host_of, is_loopback_url
+from memoriesd.urls import check_url, display_url, host_of, is_loopback_url
 
 ALLOWED = [
     # (url, loopback)

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memoriesd.index.vector_load import SidecarMatch
-from memoriesd.index.vector_store import MAGIC, MAGIC_V1, VectorStore, read_spaces, sidecar_opaque_id
-from memoriesd.index.vectors import VectorIndex
+from memoriesd.index.vectors.load import SidecarMatch
+from memoriesd.index.vectors.matrix import VectorIndex
+from memoriesd.index.vectors.names import read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.sidecar import MAGIC, MAGIC_V1, VectorStore
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
 

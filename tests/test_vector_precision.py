@@ -16,7 +16,7 @@ import pytest
 
 from memoriesd.config import parse_config
 from memoriesd.errors import CapExceeded, ConfigError
-from memoriesd.index.vectors import PRECISIONS, VectorIndex, bytes_per_vector, check_vector_cap
+from memoriesd.index.vectors.matrix import PRECISIONS, VectorIndex, bytes_per_vector, check_vector_cap
 
 from .conftest import SHARED, DaemonError, create_vault, needs_shared, running_daemon
 

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import memoriesd.rag.vectors as rag_vectors
+import memoriesd.index.vectors.space as rag_vectors
 from memoriesd.config import CacheConfig
-from memoriesd.index.caches import VaultIndex, embed_input
-from memoriesd.index.vector_store import content_key
-from memoriesd.rag.vectors import VectorSpace
+from memoriesd.index.caches import VaultIndex
+from memoriesd.index.docs import embed_input
+from memoriesd.index.vectors.names import content_key
+from memoriesd.index.vectors.space import VectorSpace
 from memoriesd.text.segment import configure
 from memoriesd.vault import crypto
 from memoriesd.vault.records import Record, new_record_id, now

@@ -13,14 +13,9 @@ import numpy as np
 import pytest
 
 from memoriesd.errors import CapExceeded
-from memoriesd.index.vector_store import (
-    HEADER_SIZE,
-    VectorStore,
-    entry_key,
-    list_sidecars,
-    sidecar_path,
-)
-from memoriesd.index.vectors import VectorIndex, check_vector_cap
+from memoriesd.index.vectors.matrix import VectorIndex, check_vector_cap
+from memoriesd.index.vectors.names import entry_key, list_sidecars, sidecar_path
+from memoriesd.index.vectors.sidecar import HEADER_SIZE, VectorStore
 
 # ---------------------------------------------------------------------------------------------
 # A real authenticated seal built from the standard library (SHAKE-256 keystream + HMAC-SHA256),

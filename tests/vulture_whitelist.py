@@ -29,5 +29,6 @@ _.build  # VectorIndex.build: tests/test_vector_precision.py, tests/test_vector_
 _.matrix  # VectorIndex.matrix: tests/test_vectors.py
 _.misses  # QueryCache counters: tests/test_query_cache.py
 is_configured  # text/segment.py: tests/test_text_fragments.py
+index_stats  # index/docs.py: tests/test_bm25.py (what BM25Index.stats must equal)
 decode_full_log  # vault/format.py: tests/test_log_recovery.py, tests/test_rekey.py
 installed  # vault/fsio.py: the seam tests/support installs a recording or failing file system through

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, UrlRefused
-from ..net.urls import check_url
+from ..urls import check_url
 from .deprecated import migrate
 from .schema import (
     CHOICES,

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..kinds.turns import KIND
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
-from .fragments import KIND
 from .model import Conversation, meta_for, session_day
 
 #: Largest record body (the same bound as `memory add`: server.methods.records.MAX_BODY_BYTES).

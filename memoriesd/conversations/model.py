@@ -1,6 +1,6 @@
 """What a captured conversation is: turns by speakers, with a session date.
 
-A :class:`Conversation` comes out of :func:`memoriesd.conversations.formats.parse` and is stored as
+A :class:`Conversation` comes out of :func:`memoriesd.conversations.transcripts.parse` and is stored as
 one record of kind ``conversation`` (:mod:`memoriesd.conversations.capture`): its body is the turns
 rendered as ``{speaker}: {text}`` blocks joined by a blank line, and its metadata says where each
 turn's block starts and ends (byte offsets), so fragments, search results and extracted facts can

@@ -33,9 +33,9 @@ import memoriesd
 
 from ..config import HttpConfig
 from ..errors import DigestMismatch, ModelInstallError, UrlRefused
-from ..net.client import HttpClient
 from ..net.download import download_file
-from ..net.urls import check_url, display_url
+from ..net.http_client import HttpClient
+from ..urls import check_url, display_url
 
 MANIFEST_NAME = "embeddinggemma.json"
 _PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")

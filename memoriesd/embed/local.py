@@ -205,7 +205,7 @@ class LocalEmbedder:
     def _identity(self) -> str:
         spec = {
             # 2: documents without a title of their own read "title: none", and the first
-            # fragment no longer repeats its "# H1" title line (see index.caches.embed_input).
+            # fragment no longer repeats its "# H1" title line (see index.docs.embed_input).
             "v": 2,
             "weights": self.weights_digest,
             "query_prompt": self.profile.query_prompt,

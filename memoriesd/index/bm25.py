@@ -30,22 +30,10 @@ from dataclasses import dataclass
 from ..errors import Internal, QueryInvalid
 from ..text.fragments import Fragment
 from ..text.segment import DEFAULT, Segmentation, has_han, segment, segment_chars
-from .docs import IndexedDoc, IndexStats, check_caps, doc_source_bytes, index_stats
+from .docs import IndexedDoc, IndexStats, doc_source_bytes
 from .query import ParsedQuery, or_expression, parse_query, quote
 
-# Re-exported: callers import the document types and cap checks from here.
-__all__ = [
-    "BM25Index",
-    "Hit",
-    "IndexStats",
-    "IndexedDoc",
-    "MAX_CANDIDATES",
-    "MAX_LIMIT",
-    "SearchResult",
-    "check_caps",
-    "doc_source_bytes",
-    "index_stats",
-]
+__all__ = ["BM25Index", "Hit", "MAX_CANDIDATES", "MAX_LIMIT", "SearchResult"]
 
 #: Column weights of bm25(): title, body, metadata.
 WEIGHTS = (5.0, 1.0, 2.0)

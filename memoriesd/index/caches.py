@@ -13,115 +13,26 @@ re-fragmenting and re-segmenting the whole vault.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import PurePath
 from typing import Any
 
 from ..config import CacheConfig
-from ..conversations.fragments import split_conversation
-from ..conversations.windows import turn_windows, window_id, window_parent
 from ..errors import Cancelled, CapExceeded, MemoriesError
-from ..text.documents import front_matter_end
-from ..text.fragments import Fragment, fingerprint, split_fragments
+from ..text.fragments import Fragment
 from ..vault import crypto
 from ..vault.format import Head
 from ..vault.live import LiveVault
 from ..vault.records import Record
 from ..vault.store import VaultStore
-from .bm25 import BM25Index, IndexedDoc, check_caps, doc_source_bytes
+from .bm25 import BM25Index
+from .docs import IndexedDoc, check_caps, doc_from_record, doc_source_bytes, index_doc
 from .keeper import SnapshotKeeper
 from .snapshot import remove_snapshot, snapshot_path
+from .vectors.windows import window_id, window_parent
 
 log = logging.getLogger("memoriesd.index")
-
-META_SKIP = ("sha256",)  # metadata not worth indexing
-
-
-def meta_text(rec: Record) -> str:
-    """Safe metadata as searchable text (tags, front matter values, the source file name)."""
-    parts: list[str] = list(rec.tags)
-    for key, value in rec.meta.items():
-        if key in META_SKIP or key == "source":
-            continue
-        if isinstance(value, list):
-            parts.extend(str(v) for v in value)
-        elif isinstance(value, (str, int, float)):
-            parts.append(str(value))
-    return " ".join(parts)
-
-
-def body_start(rec: Record) -> int:
-    """Character offset where a record's indexed text starts: after a card's front matter (its
-    values are metadata, searchable through :func:`meta_text`; no fragment shows them), else 0.
-    Fragment offsets still count from the body's first byte: the body keeps the file's text."""
-    return front_matter_end(rec.body) if rec.kind == "card" else 0
-
-
-def index_doc(rec: Record, fp_key: bytes) -> IndexedDoc:
-    """A record revision as the index holds it: its fragments, fingerprinted with ``fp_key``
-    (the vault's fingerprint subkey), and its searchable title and metadata."""
-    if rec.kind == "conversation":  # cut at turn boundaries
-        frags = split_conversation(rec, fp_key)
-    else:
-        frags = split_fragments(rec.id, rec.revision, rec.body, fp_key, skip=body_start(rec))
-    if not frags and rec.title.strip():
-        # A title-only record: one empty fragment so its title and metadata are searchable.
-        frags = [Fragment(rec.id, rec.revision, 0, 0, 0, "", fingerprint(fp_key, 0, 0, b""))]
-    return doc_from_record(rec, tuple(frags))
-
-
-def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
-    """The indexed view of a record revision with the given fragments (from :func:`index_doc`,
-    or from a snapshot's byte ranges). ``source``: a card's file by its absolute path (``path``,
-    the path under the folder that was ingested, only for a card that has no ``source``)."""
-    source = rec.meta.get("source") or rec.meta.get("path") or None
-    windows: tuple[tuple[Fragment, ...], ...] = ()
-    if rec.kind == "conversation":
-        windows = turn_windows(rec, fragments)
-    return IndexedDoc(
-        record_id=rec.id,
-        revision=rec.revision,
-        kind=rec.kind,
-        title=rec.title,
-        meta_text=meta_text(rec),
-        source=str(source) if source else None,
-        fragments=fragments,
-        when=(str(rec.meta.get("session_when") or "") or None) if rec.kind == "conversation" else None,
-        windows=windows,
-    )
-
-
-_H1_LINE = re.compile(r"^#[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
-
-
-def embed_input(doc: IndexedDoc, frag: Fragment) -> tuple[str | None, str]:
-    """What the embedder reads for a fragment: ``(title or None, text)``.
-
-    - The model card's ``title: none`` when the record has no title of its own: a card whose title
-      is only its file name (``notes/d000123.md`` -> ``d000123``) is embedded without a title.
-    - The ``# H1`` line that gave the title is not repeated in the first fragment's text (the title
-      is already in the prompt; the first fragment of a card with front matter starts after it).
-      Stored fragment text and byte offsets stay exact: only the embedder's input changes.
-    """
-    title = doc.title.strip()
-    text = frag.text
-    if doc.when:  # a conversation: "who and when" in the title the embedder reads
-        return (f"{title} ({doc.when})" if title else doc.when), text
-    if not title:
-        return None, text
-    if frag.ordinal == 0:
-        m = _H1_LINE.search(text)
-        if m is not None and " ".join(m.group(1).split()) == title:
-            rest = text[m.end() :]
-            rest = rest[1:] if rest.startswith("\n") else rest
-            return title, (text[: m.start()] + rest).strip("\n") or text
-    if doc.kind == "card" and doc.source and PurePath(doc.source).stem == title:
-        return None, text
-    return title, text
-
 
 def _windows_of(doc: IndexedDoc) -> int:
     return sum(len(w) for w in doc.windows)
@@ -154,7 +65,7 @@ class VaultIndex:
         self.bm25: BM25Index | None = None
         self.keeper: SnapshotKeeper | None = SnapshotKeeper(store, self) if keep_snapshot else None
         self._restore_tried = False
-        self.vectors: Any = None  # a VectorSpace (see memoriesd.rag.vectors) for the active embedder
+        self.vectors: Any = None  # a VectorSpace (see memoriesd.index.vectors.space) for the active embedder
         self.source_bytes = 0
         self.closed = False
 
@@ -274,7 +185,7 @@ class VaultIndex:
         return [fid for rid in self._docs for fid in self.bm25.frag_ids(rid)]
 
     def window_ids(self, frag_id: int) -> list[int]:
-        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.conversations.windows`)."""
+        """Vector keys of a live fragment's turn windows (:mod:`memoriesd.index.vectors.windows`)."""
         got = self.bm25.fragments.get(frag_id) if self.bm25 is not None and frag_id >= 0 else None
         if got is None or not got[0].windows:
             return []

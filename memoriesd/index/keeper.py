@@ -45,7 +45,8 @@ from ..text.segment import DEFAULT
 from ..vault import crypto
 from ..vault.format import Head
 from ..vault.records import Record
-from .bm25 import BM25Index, IndexedDoc
+from .bm25 import BM25Index
+from .docs import IndexedDoc, embed_input
 from .snapshot import (
     SnapshotRejected,
     log_extends,
@@ -54,7 +55,7 @@ from .snapshot import (
     version_tag,
     write_snapshot,
 )
-from .vector_store import CONTENT_KEY_HEX, content_key
+from .vectors.names import CONTENT_KEY_HEX, content_key
 
 log = logging.getLogger("memoriesd.index")
 
@@ -296,8 +297,6 @@ class SnapshotKeeper:
     def _content_keys(self, docs: list[tuple[IndexedDoc, int]]) -> list[str]:
         """The content keys of every exported document's fragments (known ones reused), for the
         snapshot; computing one costs what the first vector search after unlock would pay."""
-        from .caches import embed_input  # caches imports this module
-
         if getattr(self._fp_key, "wiped", False):
             raise crypto.KeyWiped("the fingerprint key was wiped (the vault was locked)")
         known = self._ckeys

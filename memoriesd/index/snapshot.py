@@ -49,8 +49,8 @@ MAGIC = b"MEMLEX\x00\x01"
 #: Bump whenever what the snapshot holds changes meaning: the FTS5 tables, their columns or row
 #: contents (bm25.py), the segmentation (text/segment.py) or the meta fields. Part of :func:`version_tag`.
 #: 2: the meta holds each fragment's vector content key ("ck"), so a change to what the embedder
-#: reads (``caches.embed_input``) or to ``vector_store.content_key`` needs a bump too.
-#: 3: a card's fragments start after its front matter (``caches.body_start``): the byte ranges of a
+#: reads (``docs.embed_input``) or to ``vectors.names.content_key`` needs a bump too.
+#: 3: a card's fragments start after its front matter (``kinds.card.CardKind.body_start``): the byte ranges of a
 #: schema-2 snapshot would bring it back into results.
 SCHEMA = 3
 CHUNK_BYTES = 4 * 1024 * 1024

@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, UsageError
+from ..kinds.fact import CATEGORIES, KIND, category_of
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
 log = logging.getLogger("memoriesd.memory")
 
-KIND = "fact"
-CATEGORIES = ("profile", "preference", "decision", "pattern", "fact")
 #: Categories of the profile block of a context pack, in this order.
 PROFILE_CATEGORIES = ("profile", "preference")
 MIN_CHARS = 3
@@ -144,7 +143,7 @@ class RememberRequest:
     importance: float | None = None
     tags: tuple[str, ...] = ()
     skip_private: bool = False  # a grant's fact: private facts are neither matched nor revised
-    source: dict[str, Any] | None = None  # where it was extracted from: meta["from"] (conversations.extract)
+    source: dict[str, Any] | None = None  # where it was extracted from: meta["from"] (memory.extract)
 
 
 @dataclass
@@ -200,10 +199,6 @@ def check_importance(value: float | None) -> float | None:
     if value is not None and not 0.0 <= value <= 1.0:
         raise UsageError("--importance is a number from 0 to 1")
     return value
-
-
-def category_of(rec: Record) -> str:
-    return str(rec.meta.get("category") or "fact")
 
 
 def importance_of(rec: Record) -> float:
@@ -388,19 +383,16 @@ def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> 
 
 
 __all__ = [
-    "CATEGORIES",
     "LEXICAL_SAME",
     "fact_tokens",
     "jaccard",
     "normalise",
     "normalise_key",
     "revision_cue",
-    "KIND",
     "MAX_CHARS",
     "PROFILE_CATEGORIES",
     "Outcome",
     "RememberRequest",
-    "category_of",
     "current_facts",
     "fact_view",
     "importance_of",

@@ -31,11 +31,12 @@ from typing import Any
 
 from ..errors import NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
+from ..kinds.fact import KIND, category_of
 from ..vault import fsio
 from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
-from .facts import KIND, category_of, fact_tokens
+from .facts import fact_tokens
 
 log = logging.getLogger("memoriesd.memory")
 
@@ -191,9 +192,8 @@ def _remove_unknown_sidecars(store: VaultStore) -> tuple[int, str | None]:
     """Remove vector sidecars the vault's space list does not name (they cannot be opened to
     filter): (files removed, a notice for the user or None). A space list that cannot be read or
     opened names nothing: then every sidecar is kept (never deleted for it) and the notice says so."""
-    from ..index.vector_names import SpacesDamaged
-    from ..index.vector_store import list_sidecars, read_spaces, sidecar_opaque_id
-    from ..rag.vectors import _spaces_lock
+    from ..index.vectors.maintenance import _spaces_lock
+    from ..index.vectors.names import SpacesDamaged, list_sidecars, read_spaces, sidecar_opaque_id
     from ..vault import crypto
 
     removed = 0
@@ -236,7 +236,7 @@ def _remove_preserved(store: VaultStore) -> int:
 
 def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
     """Size and modification time of each vector sidecar (to notice an append)."""
-    from ..index.vector_store import list_sidecars
+    from ..index.vectors.names import list_sidecars
 
     out = {}
     for path in list_sidecars(store.dir):
@@ -259,7 +259,7 @@ def purge(
     because the space list is damaged) is appended to ``notices``.
     """
     from ..index.caches import compact_lexical
-    from ..rag.vectors import compact_vectors
+    from ..index.vectors.maintenance import compact_vectors
     from .recalls import recalls_of
 
     engine = getattr(app, "rag", None)

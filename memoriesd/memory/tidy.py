@@ -44,10 +44,11 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import DeviceOnly, GenerationNotConfigured, UsageError
+from ..kinds.fact import KIND as FACT
+from ..kinds.fact import category_of
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
-from .facts import KIND as FACT
-from .facts import category_of, fact_view, importance_of
+from .facts import fact_view, importance_of
 from .forget import SNIPPET, purge
 from .summary_prompt import SourceRecord, build_summary_prompt, parse_summary
 
@@ -253,7 +254,7 @@ def _generation_notice(engine: Any, store: VaultStore) -> str | None:
 
 def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callable[[], None]:
     """A check that raises when the vault locked, the request ended, or an original changed."""
-    from ..rag.answer import unchanged_check
+    from ..rag.ask import unchanged_check
 
     return unchanged_check(
         store, revisions, ctx,
@@ -264,9 +265,9 @@ def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callab
 
 def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:
     """List the candidates (and without ``apply`` stop there), or replace them with summaries."""
-    from ..rag.answer import _run_cancellable
+    from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
-    from .context import _counter
+    from .packs import _counter
 
     engine = app.rag
     at = time.time()

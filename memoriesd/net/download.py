@@ -32,8 +32,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from ..errors import DigestMismatch, HttpError, HttpTimeout, ModelInstallError, RedirectRefused, UrlRefused
-from .client import RETRY_STATUSES, HttpClient, describe_transport_error, retry_delay
-from .urls import display_url, host_of, parse_url
+from ..urls import display_url, host_of, parse_url
+from .http_client import RETRY_STATUSES, HttpClient, describe_transport_error, retry_delay
 
 log = logging.getLogger("memoriesd.net")
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from ..config import HttpConfig
 from ..errors import ConfigError
-from .urls import ParsedUrl
+from ..urls import ParsedUrl
 
 PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 

@@ -1,7 +1,7 @@
 """The retrieval engine of the daemon: index caches, the active embedder, vectors, status.
 
 Search lives in :mod:`memoriesd.rag.search`, ingestion in :mod:`memoriesd.rag.ingest`, grounded
-answers in :mod:`memoriesd.rag.answer`; they all reach the vault's search state through here.
+answers in :mod:`memoriesd.rag.ask`; they all reach the vault's search state through here.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import numpy as np
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, VaultLocked
 from ..index.caches import INDEX, IndexCache, VaultIndex
+from ..index.vectors.maintenance import sealed_status
+from ..index.vectors.space import VectorSpace
 from ..vault.store import VaultStore
-from .vectors import VectorSpace, sealed_status
 
 log = logging.getLogger("memoriesd.rag")
 
@@ -71,7 +72,7 @@ class RagEngine:
         # What serves the local model: in the daemon, a vault's process sets this to reach the shared
         # model process (memoriesd.workers.model_client); in-process use loads the model here.
         self.local_factory: Callable[..., Any] | None = None
-        from ..indexing import BackgroundIndexer
+        from .background import BackgroundIndexer
 
         self.background = BackgroundIndexer(app, self)
         from ..index.caches import restore_after_unlock
@@ -152,7 +153,7 @@ class RagEngine:
         source, why = self.embedding_source()
         if source == "remote":
             from ..errors import DeviceOnly
-            from ..net.urls import host_of
+            from ..urls import host_of
 
             try:
                 self.check_remote_policy(store, self.config.embedding.service.url, "embedding")
@@ -266,7 +267,7 @@ class RagEngine:
         """The one HTTP client of the daemon (created on first use)."""
         with self._http_lock:
             if self._http is None:
-                from ..net.client import HttpClient
+                from ..net.http_client import HttpClient
 
                 self._http = HttpClient(self.config.http)
             return self._http
@@ -466,14 +467,14 @@ class RagEngine:
         out["embedding"].update({"served_by": served_by, "reason": reason})
         if out["fragments"] is None:
             # No index yet: count what it would hold without building it (state stays "none").
-            from ..index.bm25 import check_caps
-            from ..index.caches import body_start
+            from ..index.docs import check_caps
+            from ..kinds.registry import kind_of
             from ..text.fragments import split_fragments
 
             n_frags = 0
             size = 0
             for r in searchable:
-                frags = split_fragments(r.id, r.revision, r.body, bytes(32), skip=body_start(r))
+                frags = split_fragments(r.id, r.revision, r.body, bytes(32), skip=kind_of(r.kind).body_start(r))
                 n_frags += max(1, len(frags)) if r.title.strip() or frags else 0
                 size += len(r.title.encode("utf-8")) + len(r.body.encode("utf-8"))
             out["fragments"] = n_frags

@@ -28,24 +28,20 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any
 
-from ..conversations.fragments import turn_spans
 from ..errors import QueryInvalid
-from ..memory.facts import CATEGORIES, KIND, category_of
-from ..text.documents import parse_front_matter
+from ..kinds.base import Spans
+from ..kinds.card import KIND as CARD
+from ..kinds.registry import kind_names, kind_of
+from ..kinds.registry import kinds as kinds_registered
 from ..vault.records import Record
 from ..vault.store import VaultStore
 
-#: Kinds a search can return (credentials and files are never indexed).
-FILTER_KINDS = ("memory", "card", "fact", "conversation")
-CONVERSATION = "conversation"
 MAX_TAGS = 64
 MAX_SPEAKERS = 64
 MAX_SPEAKER_CHARS = 200
 #: Byte ranges ``(start, end)`` of a record's body; per record: the ranges its fragments must overlap
 #: (the turns of the wanted speakers), or None when any fragment of it may be returned.
-Spans = tuple[tuple[int, int], ...]
 Allowed = Mapping[str, Spans | None]
-_DAY = re.compile(r"^\s*(\d{4}-\d{2}-\d{2})(?:$|[T ]|\s)")  # a front matter date, maybe with a time
 _ISO_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -60,38 +56,17 @@ def parse_day(value: str, option: str) -> date:
     raise QueryInvalid(f"{option} takes an ISO date like 2024-05-31 (got {str(value)[:40]!r})")
 
 
-def _day_of(value: Any) -> date | None:
-    m = _DAY.match(value) if isinstance(value, str) else None
-    if m is None:
-        return None
-    try:
-        return date.fromisoformat(m.group(1))
-    except ValueError:
-        return None
-
-
 def record_day(rec: Record) -> date:
-    """The record's own day: a conversation's session date, else front matter ``date:``, else its
-    creation day (module docstring)."""
-    if rec.kind == CONVERSATION:
-        day = _day_of(rec.meta.get("session_date"))
-        if day is not None:
-            return day
-    elif rec.body.startswith("---") and rec.kind != KIND:
-        fm = parse_front_matter(rec.body)
-        day = _day_of(fm[0].get("date")) if fm is not None else None
-        if day is not None:
-            return day
-    return datetime.fromtimestamp(rec.created).date()
+    """The record's own day as its kind reads it (a conversation's session date, a card's front
+    matter ``date:``), else its creation day (module docstring)."""
+    day = kind_of(rec.kind).own_day(rec)
+    return day if day is not None else datetime.fromtimestamp(rec.created).date()
 
 
 def speaker_spans(rec: Record, speakers: frozenset[str]) -> Spans:
-    """The byte ranges of the record's turns by one of ``speakers`` (casefolded names), in order.
-
-    Read from ``meta.conversation.turns`` (:func:`memoriesd.conversations.fragments.turn_spans`); a
-    record that is not a conversation, or whose turns do not fit its body, holds none.
-    """
-    return tuple((t.start, t.end) for t in turn_spans(rec) or () if t.speaker.casefold() in speakers)
+    """The byte ranges of the record's turns by one of ``speakers`` (casefolded names), in order;
+    none for a record whose kind has no turns (or whose turns do not fit its body)."""
+    return kind_of(rec.kind).speaker_spans(rec, speakers)
 
 
 def overlaps(spans: Spans, start: int, end: int) -> bool:
@@ -118,7 +93,7 @@ class RecordFilter:
 
     def only_cards(self) -> RecordFilter:
         """This filter narrowed to knowledge cards (a cards-only grant); may then keep nothing."""
-        kinds = tuple(k for k in self.kinds if k == "card") if self.kinds else ("card",)
+        kinds = tuple(k for k in self.kinds if k == CARD) if self.kinds else (CARD,)
         return replace(self, kinds=kinds or ("none",), categories=())
 
     def keeps(self, rec: Record) -> bool:
@@ -128,7 +103,7 @@ class RecordFilter:
         """Every test but ``--speaker``'s."""
         if self.kinds and rec.kind not in self.kinds:
             return False
-        if self.categories and (rec.kind != KIND or category_of(rec) not in self.categories):
+        if self.categories and kind_of(rec.kind).category(rec) not in self.categories:
             return False
         if self.tags:
             have = {t.casefold() for t in rec.tags}
@@ -183,16 +158,19 @@ def make_filter(
     speakers: list[str] | None = None,
 ) -> RecordFilter:
     """A validated filter from request values (``query_invalid`` with what to give instead)."""
-    bad = [k for k in kinds if k not in FILTER_KINDS]
+    names = kind_names()
+    bad = [k for k in kinds if k not in names]
     if bad:
         raise QueryInvalid(
-            f"--kind takes {', '.join(FILTER_KINDS)} (credentials and files are never searched), not {bad[0]!r}"
+            f"--kind takes {', '.join(names)} (credentials and files are never searched), not {bad[0]!r}"
         )
-    bad = [c for c in categories if c not in CATEGORIES]
+    with_categories = [k.name for k in kinds_registered() if k.categories]
+    all_categories = tuple(dict.fromkeys(c for k in kinds_registered() for c in k.categories))
+    bad = [c for c in categories if c not in all_categories]
     if bad:
-        raise QueryInvalid(f"--category takes {', '.join(CATEGORIES)}, not {bad[0]!r}")
-    if categories and kinds and KIND not in kinds:
-        raise QueryInvalid("--category selects facts: drop --kind, or add --kind fact")
+        raise QueryInvalid(f"--category takes {', '.join(all_categories)}, not {bad[0]!r}")
+    if categories and kinds and not set(with_categories) & set(kinds):
+        raise QueryInvalid(f"--category selects {_plural(with_categories)}: drop --kind, or add --kind {with_categories[0]}")
     clean_tags = []
     for t in tags:
         t = t.strip()
@@ -216,6 +194,11 @@ def make_filter(
     )
 
 
+def _plural(names: list[str]) -> str:
+    """``["fact"]`` -> ``facts``: the kinds a filter option selects, in words."""
+    return " or ".join(f"{n}s" for n in names)
+
+
 def _speakers(speakers: list[str], kinds: list[str], categories: list[str]) -> tuple[str, ...]:
     """Validated ``--speaker`` names (kept as given, matched case-insensitively), once each."""
     clean: dict[str, str] = {}
@@ -226,15 +209,18 @@ def _speakers(speakers: list[str], kinds: list[str], categories: list[str]) -> t
         clean.setdefault(s.casefold(), s)
     if len(clean) > MAX_SPEAKERS:
         raise QueryInvalid(f"at most {MAX_SPEAKERS} --speaker options")
+    with_speakers = [k.name for k in kinds_registered() if k.has_speakers]
+    with_categories = [k.name for k in kinds_registered() if k.categories]
     if clean and categories:
-        raise QueryInvalid("--speaker selects conversations and --category selects facts: drop one of them")
-    if clean and kinds and CONVERSATION not in kinds:
-        raise QueryInvalid("--speaker selects conversations: drop --kind, or add --kind conversation")
+        raise QueryInvalid(
+            f"--speaker selects {_plural(with_speakers)} and --category selects {_plural(with_categories)}: drop one of them"
+        )
+    if clean and kinds and not set(with_speakers) & set(kinds):
+        raise QueryInvalid(f"--speaker selects {_plural(with_speakers)}: drop --kind, or add --kind {with_speakers[0]}")
     return tuple(clean.values())
 
 
 __all__ = [
-    "FILTER_KINDS",
     "Allowed",
     "RecordFilter",
     "Spans",

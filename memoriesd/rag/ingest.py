@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DocumentRefused, UsageError
-from ..text.documents import ParsedDocument, PathKeys, discover, parse_document, read_document
+from ..text.files import ParsedDocument, PathKeys, discover, parse_document, read_document
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 

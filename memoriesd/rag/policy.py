@@ -2,7 +2,7 @@
 
 The check is a pure string check on the configured URL — no DNS lookup, no
 connection — so a refused endpoint is never contacted, not even to resolve its
-name. What counts as loopback is the one URL rule of :mod:`memoriesd.net.urls`
+name. What counts as loopback is the one URL rule of :mod:`memoriesd.urls`
 (``127.0.0.0/8``, ``::1``, exactly ``localhost``). Loopback services and local
 inference keep working.
 """
@@ -10,7 +10,7 @@ inference keep working.
 from __future__ import annotations
 
 from ..errors import DeviceOnly
-from ..net.urls import host_of, is_loopback_url
+from ..urls import host_of, is_loopback_url
 
 __all__ = ["check_device_policy"]
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..config import ServiceConfig
 from ..errors import ConfigError, GenerationNotConfigured, InvalidModelOutput
-from ..net.client import HttpClient
-from .service import ServiceEndpoint
+from ..net.http_client import HttpClient
+from .remote_service import ServiceEndpoint
 
 __all__ = ["Generator", "RemoteEmbedder", "check_vectors"]
 
@@ -125,7 +125,7 @@ class RemoteEmbedder:
         else:
             self._model = svc.model
         dims = str(svc.dimensions) if svc.dimensions else "default"
-        # ":d2": the document input format of index.caches.embed_input (no file-name titles, no repeated H1).
+        # ":d2": the document input format of index.docs.embed_input (no file-name titles, no repeated H1).
         self.identity = f"remote:{svc.protocol}:{self._ep.host}:{self._model}:{dims}:d2"
 
     @property

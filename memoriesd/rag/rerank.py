@@ -21,8 +21,8 @@ from typing import Any
 
 from ..config import ServiceConfig
 from ..errors import ConfigError, InvalidModelOutput, RerankFailed
-from ..net.client import HttpClient
-from .service import ServiceEndpoint
+from ..net.http_client import HttpClient
+from .remote_service import ServiceEndpoint
 
 __all__ = ["remote_rerank", "parse_rerank_response"]
 

@@ -27,6 +27,8 @@ from typing import Any
 from ..errors import ModelInputFailed, ModelUnavailable, QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
+from ..kinds.card import KIND as CARD
+from ..kinds.registry import kind_of
 from ..text.humanize import duration
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
@@ -59,7 +61,7 @@ class SearchRequest:
     candidates: int | None = None
     filters: RecordFilter | None = None  # --kind, --category, --tag, --since/--until, --speaker
     # Conversation fragments ranked by their own vector lifted by their best turn window
-    # (memoriesd.conversations.windows): the answering surfaces (ask, context) set it.
+    # (memoriesd.index.vectors.windows): the answering surfaces (ask, context) set it.
     windows: bool = False
 
 
@@ -76,7 +78,7 @@ class SearchOutcome:
     # releases them from the index, never from a result).
     frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     # With SearchRequest.windows: the closest turn window (its index) of each conversation
-    # fragment the vector side found (memoriesd.conversations.windows).
+    # fragment the vector side found (memoriesd.index.vectors.windows).
     best_windows: dict[int, int] = field(default_factory=dict)
     # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
     # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).
@@ -121,7 +123,7 @@ def _allowed(idx: VaultIndex, frag_ids: list[int], req: SearchRequest, records: 
     out = []
     for fid in frag_ids:
         got = idx.get_fragment(fid)
-        if got is None or (req.cards_only and got[0].kind != "card"):
+        if got is None or (req.cards_only and got[0].kind != CARD):
             continue
         if records is None:
             out.append(fid)
@@ -362,24 +364,25 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-def conversation_info(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any] | None:
-    """A conversation fragment's ``{date, when, speakers, turns, refs}`` (None for other kinds, or
-    when the indexed revision is gone meanwhile)."""
-    if doc.kind != "conversation":
-        return None
-    from ..conversations.fragments import conversation_view
+def kind_view(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any]:
+    """What a result shows of its kind beyond the text, under the kind's name (a conversation
+    fragment's ``{date, when, speakers, turns, refs}``: :meth:`RecordKind.result_view`); ``{}`` for
+    kinds without one, the kind's name with None when the indexed revision is gone meanwhile."""
+    kind = kind_of(doc.kind)
+    if not kind.has_view:
+        return {}
     from ..errors import MemoriesError
 
     try:
         rec = out.index.store.get(doc.record_id, doc.revision)
     except MemoriesError:
-        return None
-    return conversation_view(rec, frag.start, frag.end)
+        return {kind.name: None}
+    return {kind.name: kind.result_view(rec, frag.start, frag.end)}
 
 
 def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
     """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order.
-    A conversation's fragment also carries ``conversation`` (:func:`conversation_info`)."""
+    A conversation's fragment also carries ``conversation`` (:func:`kind_view`)."""
     items = []
     found = [(c, got) for c in out.hits if (got := out.fragment(c.frag_id)) is not None]
     for i, (c, (doc, frag)) in enumerate(found, start=1):
@@ -404,7 +407,7 @@ def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
                 "source": doc.source,
                 "line": out.line(doc, frag.start),
             }
-            | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
+            | kind_view(out, doc, frag)
         )
     return items
 
@@ -430,7 +433,7 @@ def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
             "snippet": snippet(frag.text),
             "source": doc.source,
             "line": out.line(doc, frag.start),
-        } | ({"conversation": conversation_info(out, doc, frag)} if doc.kind == "conversation" else {})
+        } | kind_view(out, doc, frag)
         if len(seen) >= limit:
             break
     return list(seen.values())

@@ -2,7 +2,7 @@
 
 A JSON string may spell half of a character (an emoji cut in two) as an escape; Python decodes it to
 a lone surrogate, which no UTF-8 file, record or frame can hold. Request parameters
-(:mod:`memoriesd.server.context`) and transcripts (:mod:`memoriesd.conversations.formats`) refuse
+(:mod:`memoriesd.server.context`) and transcripts (:mod:`memoriesd.conversations.transcripts`) refuse
 such text with this check, each naming where it is.
 """
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import WatchConfig
 from ..rag.ingest import IngestRequest, run_ingest
-from ..text.documents import TEXT_SUFFIXES, leaves_folder
+from ..text.files import TEXT_SUFFIXES, leaves_folder
 from ..vault.records import Record, now
 from ..vault.store import VaultStore
 

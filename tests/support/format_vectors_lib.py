@@ -50,9 +50,10 @@ import numpy as np  # noqa: E402
 from memoriesd.config import CacheConfig  # noqa: E402
 from memoriesd.index import snapshot as snapshot_mod  # noqa: E402
 from memoriesd.index.caches import VaultIndex  # noqa: E402
-from memoriesd.index.vector_store import VectorStore, sidecar_path, write_spaces  # noqa: E402
+from memoriesd.index.vectors.maintenance import live_fragment_keys, sidecar_id  # noqa: E402
+from memoriesd.index.vectors.names import sidecar_path, write_spaces  # noqa: E402
+from memoriesd.index.vectors.sidecar import VectorStore  # noqa: E402
 from memoriesd.memory.recalls import Recalls  # noqa: E402
-from memoriesd.rag.vectors import live_fragment_keys, sidecar_id  # noqa: E402
 from memoriesd.vault import crypto  # noqa: E402
 from memoriesd.vault import store as store_mod  # noqa: E402
 from memoriesd.vault.format import (  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from memoriesd.index import snapshot as snapshot_mod  # noqa: E402
-from memoriesd.rag.vectors import sidecar_id  # noqa: E402
+from memoriesd.index.vectors.maintenance import sidecar_id
 from memoriesd.text.segment import DEFAULT  # noqa: E402
 from memoriesd.vault import crypto  # noqa: E402
 from memoriesd.vault.format import GROUP_END, LEN, chain_start, log_name, next_hash  # noqa: E402

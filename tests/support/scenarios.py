@@ -30,7 +30,8 @@ from typing import Any
 from memoriesd.config import WatchConfig, load_config
 from memoriesd.home import Home
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
-from memoriesd.index.vector_store import VectorStore, read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.names import read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.sidecar import VectorStore
 from memoriesd.main import build_app
 from memoriesd.memory.recalls import MAGIC as RECALLS_MAGIC
 from memoriesd.memory.recalls import RECALLS_NAME

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...conversations.capture import capture
-from ...conversations.formats import FORMATS, parse
+from ...conversations.transcripts import FORMATS, parse
 from ..context import Context
 from ..method import Method
 from .records import MAX_TITLE, _changed

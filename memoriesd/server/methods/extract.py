@@ -1,6 +1,6 @@
 """Protocol method ``memory.extract`` and the extraction that follows ``memory.capture``.
 
-Logic in :mod:`memoriesd.conversations.extract`. ``memory.extract`` {vault, record, path: auto,
+Logic in :mod:`memoriesd.memory.extract`. ``memory.extract`` {vault, record, path: auto,
 model, patterns} is the person's own command (not in the grant allowlist); it runs whatever the
 vault's ``policy.extract`` switch says, since the person asked for it by name. :func:`after_capture`
 is what ``memory.capture`` calls for the records it created or revised: nothing when the switch is
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...conversations.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
 from ...errors import MemoriesError
+from ...memory.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
 from ...vault.records import Record
 from ...vault.store import VaultStore
 from ..context import Context

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...errors import UsageError
-from ...memory.context import build_pack
-from ...memory.facts import CATEGORIES, KIND, RememberRequest, current_facts, fact_view, remember
+from ...kinds.fact import CATEGORIES, KIND
+from ...memory.facts import RememberRequest, current_facts, fact_view, remember
 from ...memory.forget import SCOPES, purge, select_all, select_ids, select_query
+from ...memory.packs import build_pack
 from ...memory.recalls import recalls_of
 from ...rag.search import MODES
 from ...vault.records import KINDS

@@ -287,7 +287,7 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
 
 
 def rag_ask(app: App, ctx: Context) -> dict[str, Any]:
-    from ...rag.answer import ask
+    from ...rag.ask import ask
 
     store = _store(app, ctx)
     req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface

@@ -164,7 +164,7 @@ def vault_passwd(app: App, ctx: Context) -> dict[str, Any]:
 def rekey_parts() -> RekeyParts:
     """What a key change does beside the log: grants keep working, sealed vectors and recall
     counters are sealed again under the new key (every other derived file is rebuilt)."""
-    from ...index.vector_files import rekey_vectors
+    from ...index.vectors.maintenance import rekey_vectors
     from ...memory.recalls import rekey_recalls
     from ..grants import carry_grant
 
@@ -185,7 +185,7 @@ def vault_compact(app: App, ctx: Context) -> dict[str, Any]:
     stats: dict[str, Any] = dict(store.compact(app.config.vault.keep_revisions))
     if app.rag is not None:
         # Sealed vectors are derived from records: drop those of deleted records and old revisions too.
-        from ...rag.vectors import compact_vectors
+        from ...index.vectors.maintenance import compact_vectors
 
         stats.update(compact_vectors(store, app.rag.peek_index(store)))
     # So is the sealed lexical snapshot: rewritten from the purged index, or removed.
@@ -202,7 +202,7 @@ def vault_policy(app: App, ctx: Context) -> dict[str, Any]:
     device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
-    extract = ctx.params.flag("extract", None)  # conversations.extract: extraction after capture
+    extract = ctx.params.flag("extract", None)  # memory.extract: extraction after capture
     if extract is not None:
         store.commit([Setting("policy.extract", extract)])
     return {

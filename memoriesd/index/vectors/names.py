@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..vault.format import atomic_write
-from .vector_chunks import CONTENT_KEY_HEX
+from ...vault.format import atomic_write
+from .chunks import CONTENT_KEY_HEX
 
 log = logging.getLogger("memoriesd.vectors")
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..memory.facts import MAX_CHARS, MIN_CHARS, normalise_key
+from .facts import MAX_CHARS, MIN_CHARS, normalise_key
 
 __all__ = ["ASSISTANT_ROLES", "USER_ROLES", "MAX_FACTS", "PatternFact", "extract_patterns", "is_assistant", "sentences"]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from ..config import ServiceConfig
 from ..errors import ConfigError
-from ..net.urls import ParsedUrl, parse_url
+from ..urls import ParsedUrl, parse_url
 
 __all__ = ["ServiceEndpoint", "auth_headers"]
 

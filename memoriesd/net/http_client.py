@@ -3,7 +3,7 @@
 Every outbound request (remote model services, model downloads) goes through
 :class:`HttpClient`, configured by :class:`~memoriesd.config.HttpConfig`:
 
-* the URL rule (:func:`~memoriesd.net.urls.check_url`) before any connection;
+* the URL rule (:func:`~memoriesd.urls.check_url`) before any connection;
 * TLS verification always on, against the system store plus certifi, plus the
   configured ``ca_bundle`` (added, never replacing);
 * proxies per :mod:`memoriesd.net.proxy` (loopback always direct);
@@ -35,8 +35,8 @@ import httpx
 from .. import __version__
 from ..config import HttpConfig
 from ..errors import AuthFailed, ConfigError, HttpError, HttpTimeout, InvalidModelOutput, RedirectRefused
+from ..urls import ParsedUrl, parse_url
 from .proxy import proxy_for, proxy_label
-from .urls import ParsedUrl, parse_url
 
 log = logging.getLogger("memoriesd.net")
 

@@ -1,9 +1,11 @@
-"""Turn windows: extra vectors that let a conversation fragment be found by the turns that answer.
+"""Windows: extra vectors that let a fragment be found by the part of it that answers.
 
-A conversation fragment groups up to a dozen turns (:mod:`.fragments`). Its one vector averages
+A record kind may give each fragment windows (:meth:`memoriesd.kinds.base.RecordKind.windows`); this
+module keys them in the vector index and scores a fragment with them. Conversations have them
+(:func:`memoriesd.kinds.turns.turn_windows`): a conversation fragment groups up to a dozen turns. Its one vector averages
 them all, so a question answered by one exchange inside it ("when did Melanie sign up for the
 pottery class?") scores it lower than the exchange alone would. Besides that vector, each
-fragment of three or more whole turns gets one vector per *window* of :data:`WINDOW_TURNS`
+fragment of three or more whole turns gets one vector per *window* of two
 consecutive turns (a question and its answer, usually), embedded with the same title. A
 fragment's vector score is then its own cosine lifted halfway to its best window's when that is
 higher (:func:`combine`): the whole still counts, so a fragment is not ranked on one stray line,
@@ -26,51 +28,16 @@ fragment's text in all, so a conversation takes about three times as long to emb
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import Any
 
-from ..text.fragments import Fragment
-from ..vault.records import Record
-from .fragments import MAX_TURNS, turn_spans
-
-#: Turns per window: a question and its answer.
-WINDOW_TURNS = 2
-#: Window keys per fragment: a fragment holds at most MAX_TURNS (12) turns, so 11 windows.
-MAX_WINDOWS = 32
-_PER_FRAGMENT = min(MAX_WINDOWS, MAX_TURNS - WINDOW_TURNS + 1)  # the most a fragment has
+from ...kinds.base import MAX_WINDOWS
+from ...kinds.registry import kinds
 
 
-def turn_windows(rec: Record, fragments: Sequence[Fragment]) -> tuple[tuple[Fragment, ...], ...]:
-    """For each fragment of a conversation record (in order), its windows: fragments of
-    :data:`WINDOW_TURNS` consecutive whole turns inside it, with the fragment's ordinal. A fragment
-    of fewer than three turns (or part of one long turn) has none. ``()`` when the record's turn
-    metadata does not fit its body."""
-    spans = turn_spans(rec)
-    if not spans:
-        return ()
-    data = rec.body.encode("utf-8")
-    starts = [t.start for t in spans]
-    out: list[tuple[Fragment, ...]] = []
-    for f in fragments:
-        lo = bisect.bisect_left(starts, f.start)
-        hi = lo
-        while hi < len(spans) and spans[hi].end <= f.end:
-            hi += 1
-        inside = spans[lo:hi]
-        if len(inside) <= WINDOW_TURNS:
-            out.append(())
-            continue
-        wins: list[Fragment] = []
-        for j in range(min(len(inside) - WINDOW_TURNS + 1, MAX_WINDOWS)):
-            s, e = inside[j].start, inside[j + WINDOW_TURNS - 1].end
-            try:
-                text = data[s:e].decode("utf-8")
-            except UnicodeDecodeError:  # turn_spans checked the ranges; never cut a character
-                break
-            wins.append(Fragment(rec.id, rec.revision, f.ordinal, s, e, text, ""))
-        out.append(tuple(wins))
-    return tuple(out)
+def _per_fragment() -> int:
+    """The most windows a fragment of any registered kind has (a conversation's: 11)."""
+    return min(MAX_WINDOWS, max((k.max_windows for k in kinds()), default=0))
 
 
 def window_id(frag_id: int, j: int) -> int:
@@ -106,7 +73,7 @@ def search_with_windows(
     min_score: float | None = None,
     best_windows: dict[int, int] | None = None,
 ) -> list[tuple[int, float]]:
-    """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.VectorIndex` that
+    """Top ``k`` ``(fragment id, score)`` of a :class:`~memoriesd.index.vectors.matrix.VectorIndex` that
     also holds turn windows: each fragment scored by :func:`combine`, best first (ties by id).
 
     The candidates are the fragments found, by themselves or by one of their windows, among the
@@ -116,10 +83,11 @@ def search_with_windows(
     (its index) if it has one: the turns a context pack excerpts."""
     if k <= 0:
         return []
+    per = _per_fragment()
     if allowed is not None:
         frags = [f for f in allowed if f >= 0]
         allowed = set(frags)
-        allowed.update(w for f in frags for j in range(_PER_FRAGMENT) if (w := window_id(f, j)) in index)
+        allowed.update(w for f in frags for j in range(per) if (w := window_id(f, j)) in index)
         if not allowed:
             return []
     pairs = index.search(query, max(4 * k, k + 256), allowed=allowed)
@@ -127,7 +95,7 @@ def search_with_windows(
     if not parents:
         return []
     own = index.score(query, parents)
-    wins = [(i, w) for i, f in enumerate(parents) for j in range(_PER_FRAGMENT) if (w := window_id(f, j)) in index]
+    wins = [(i, w) for i, f in enumerate(parents) for j in range(per) if (w := window_id(f, j)) in index]
     best: list[float | None] = [None] * len(parents)
     which: list[int] = [-1] * len(parents)
     for (i, w), score in zip(wins, index.score(query, [w for _, w in wins]), strict=True):
@@ -148,11 +116,8 @@ def search_with_windows(
 
 
 __all__ = [
-    "MAX_WINDOWS",
-    "WINDOW_TURNS",
     "combine",
     "search_with_windows",
-    "turn_windows",
     "window_id",
     "window_parent",
 ]

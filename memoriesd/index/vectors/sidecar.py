@@ -10,7 +10,7 @@ callables bound to the vault key. The file holds nothing in plaintext but an
 
 A chunk is many ``(key, row)`` entries sealed with aad = format version + vault id +
 model identity + dims + chunk number; its rows are in an encoding
-(:mod:`~memoriesd.index.vector_chunks`): the daemon writes them in the precision its index holds
+(:mod:`~memoriesd.index.vectors.chunks`): the daemon writes them in the precision its index holds
 (int8 codes and a scale per row by default), so unlock copies them in as they are. Version-1 files
 (float32 rows only) are read, and :meth:`VectorStore.repack` rewrites them (or rows written at a
 wider precision, or a file of many small appended chunks) once, a chunk at a time. Appends add chunks at the end, fsync, then write
@@ -28,7 +28,7 @@ Files written before content keys hold :func:`entry_key` keys (fingerprint + tit
 caller re-keys them once (``rename``) without re-embedding.
 
 File names and the space list (``vector-spaces.bin``: the identity and dimensions needed to open
-each sidecar) are in :mod:`~memoriesd.index.vector_names`.
+each sidecar) are in :mod:`~memoriesd.index.vectors.names`.
 """
 
 from __future__ import annotations
@@ -47,28 +47,18 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..errors import MemoriesError
-from ..vault import fsio
-from ..vault.crypto import KeyWiped
-from ..vault.format import fsync_dir
-from .vector_chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
-from .vector_names import (  # noqa: F401 - re-exported: their home before vector_names.py
-    CONTENT_KEY_HEX,
-    SPACES_NAME,
-    content_key,
-    entry_key,
-    is_legacy_key,
-    list_sidecars,
-    read_spaces,
+from ...errors import MemoriesError
+from ...vault import fsio
+from ...vault.crypto import KeyWiped
+from ...vault.format import fsync_dir
+from .chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
+from .names import (
     rekeyed,
-    sidecar_opaque_id,
-    sidecar_path,
-    write_spaces,
 )
 
 log = logging.getLogger("memoriesd.vectors")
 
-MAGIC = b"MEMVEC\x00\x02"  # version 2: each chunk names its rows' encoding (vector_chunks.py)
+MAGIC = b"MEMVEC\x00\x02"  # version 2: each chunk names its rows' encoding (chunks.py)
 MAGIC_V1 = b"MEMVEC\x00\x01"  # version 1: float32 rows only; read, and rewritten as version 2
 SLOT_SIZE = 256
 HEADER_SIZE = len(MAGIC) + 2 * SLOT_SIZE
@@ -192,7 +182,7 @@ class VectorStore:
     def __init__(
         self, path: Path, *, vault_id: str, identity: str, dims: int, seal: Seal, open_: Open, encoding: str = "float32",
     ) -> None:
-        """``encoding``: how appended rows are written (``vector_chunks.ENCODINGS``: the index's
+        """``encoding``: how appended rows are written (``chunks.ENCODINGS``: the index's
         precision); a rewrite keeps rows at most as wide as the file had them (never widens)."""
         if dims <= 0:
             raise ValueError("dims must be positive")
@@ -347,7 +337,7 @@ class VectorStore:
 
     def scan_chunks(self, take: Callable[[Chunk], None]) -> bool | None:
         """Every stored vector, a chunk at a time: ``take(chunk)`` per chunk in file order
-        (:class:`~.vector_chunks.Chunk`: its keys and its rows as stored, read-only views; a later
+        (:class:`~.chunks.Chunk`: its keys and its rows as stored, read-only views; a later
         duplicate key wins, as in :meth:`load`). The file is read a frame at a time, so memory
         holds one chunk, never the whole file or a float32 copy of every row.
 
@@ -437,7 +427,7 @@ class VectorStore:
             take(chunk)
         except Exception as exc:
             raise _TakeFailed(exc) from exc
-        return pos + 4 + n
+        return pos + 4 + int(n)
 
     def append(self, entries: Mapping[str, np.ndarray]) -> None:
         """Add entries durably (fsync) before returning; later duplicates win on load."""

@@ -1,19 +1,19 @@
 """Vectors of one vault for one embedder identity: in memory, and sealed at rest.
 
 Each vector is keyed by its content: a keyed hash of exactly what the model reads (the record's
-title or none, and the fragment's text; :func:`~memoriesd.index.vector_store.content_key`), bound
+title or none, and the fragment's text; :func:`~memoriesd.index.vectors.names.content_key`), bound
 to the embedder's identity (the sidecar's associated data), so a different model, prompt or title
 never reuses a vector, while the same input does wherever it is: an edit near the top of a note
 re-embeds only the fragments whose text changed (byte offsets are not part of the key; results
 still carry them from the fragment), and a passage in two notes has one vector. Unlock or restart
 reload vectors from the sealed sidecar instead of re-embedding: its rows are sealed in the index's
 precision (int8 by default), so a chunk at a time they are matched in bulk to the content keys the
-restored lexical snapshot holds and copied in as stored (:mod:`~memoriesd.index.vector_load`);
+restored lexical snapshot holds and copied in as stored (:mod:`~memoriesd.index.vectors.load`);
 vault changes embed only fragments whose key is new. A sidecar of the old scheme (keys from the
 fragment fingerprint and title) is re-keyed once on attach and rewritten, without re-embedding; a
 version-1 sidecar (float32 rows) is rewritten once in the index's precision. Whole-vault functions
 (``vault compact``'s :func:`compact_vectors`, ``rag status``'s :func:`sealed_status`) are in
-:mod:`~memoriesd.index.vector_files`.
+:mod:`~memoriesd.index.vectors.maintenance`.
 """
 
 from __future__ import annotations
@@ -29,29 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from ..conversations.windows import search_with_windows
-from ..errors import Cancelled, CapExceeded, InvalidModelOutput, MemoriesError, ModelInputFailed
-from ..index.caches import embed_input
-from ..index.vector_chunks import CONTENT_KEY_HEX, encoding_of_precision
-from ..index.vector_files import (  # noqa: F401 - re-exported: their home before vector_files.py
-    _spaces_lock,
-    compact_vectors,
-    live_fragment_keys,
+from ...errors import InvalidModelOutput, MemoriesError, ModelInputFailed
+from ...vault import crypto
+from ..docs import embed_input
+from .chunks import CONTENT_KEY_HEX, encoding_of_precision
+from .load import SidecarMatch, short_keys
+from .maintenance import (
     register_space,
-    sealed_status,
     sidecar_id,
 )
-from ..index.vector_load import SidecarMatch, short_keys
-from ..index.vector_store import (
-    VectorStore,
-    content_key,
-    entry_key,
-    is_legacy_key,
-    rekeyed,
-    sidecar_path,
-)
-from ..index.vectors import VectorIndex, check_vector_cap
-from ..vault import crypto
+from .matrix import VectorIndex, check_vector_cap
+from .names import content_key, entry_key, is_legacy_key, rekeyed, sidecar_path
+from .sidecar import VectorStore
+from .windows import search_with_windows
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
@@ -84,7 +74,7 @@ class VectorSpace:
     def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
-        self.windows = windows  # also a vector per turn window of conversation fragments (conversations.windows)
+        self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turns.turn_windows)
         self.dims = dims
         self.max_vector_mib = max_vector_mib
         self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
@@ -128,7 +118,7 @@ class VectorSpace:
         doc, frag = vault_index.fragment(frag_id)
         keeper = getattr(vault_index, "keeper", None)
         if keeper is not None:
-            key = keeper.content_key_for(doc, frag)
+            key: str | None = keeper.content_key_for(doc, frag)
             if key is not None:
                 return key
         return self._input_key(doc, frag)[1]
@@ -258,7 +248,7 @@ class VectorSpace:
     def _stream(self, keys: tuple[np.ndarray, np.ndarray]) -> int | None:
         """Read the sealed sidecar a chunk at a time straight into the index: rows stored in the
         index's precision (int8 by default) are copied as they are, matched to fragments in bulk
-        (:class:`~memoriesd.index.vector_load.SidecarMatch`); vectors no live fragment wants are
+        (:class:`~memoriesd.index.vectors.load.SidecarMatch`); vectors no live fragment wants are
         kept as spares (bounded). Returns how many sealed vectors were read; None when the file
         holds old-scheme keys (the caller then takes the whole-file path, which re-keys it). A
         damaged file adds nothing. A file with rows wider than the index's (version 1, or another
@@ -539,7 +529,7 @@ class VectorSpace:
         best_windows: dict[int, int] | None = None,
     ) -> list[tuple[int, float]]:
         """Top ``k`` ``(fragment id, cosine)``. ``windows``: a conversation fragment scores its own
-        cosine lifted by its best turn window (:mod:`memoriesd.conversations.windows`), as the
+        cosine lifted by its best turn window (:mod:`memoriesd.index.vectors.windows`), as the
         answering surfaces (``rag context``, ``rag ask``) rank, and ``best_windows`` receives
         which window that was; else its own cosine alone."""
         with self.lock:
@@ -570,4 +560,4 @@ class VectorSpace:
             crypto.wipe(self._fp_key)
 
 
-__all__ = ["VectorSpace", "Cancelled", "CapExceeded", "compact_vectors", "sealed_status", "sidecar_id"]
+__all__ = ["VectorSpace"]

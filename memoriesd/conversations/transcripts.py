@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import UsageError
-from ..text.documents import parse_front_matter
+from ..text.files import parse_front_matter
 from ..text.unicode import unpaired_surrogate
 from .model import Conversation, derived_title, parse_iso, renumber, session_when
 

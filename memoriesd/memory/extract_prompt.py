@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidModelOutput
-from ..memory.facts import CATEGORIES, MAX_CHARS, MAX_KEY, MIN_CHARS, normalise_key
+from ..kinds.fact import CATEGORIES
 from ..rag.model_json import load_object
+from .facts import MAX_CHARS, MAX_KEY, MIN_CHARS, normalise_key
 
 __all__ = [
     "LISTS",

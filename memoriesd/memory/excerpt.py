@@ -10,7 +10,7 @@ Which turns: when the vector search found the fragment's closest turn window (:m
 of its turns. Of the LoCoMo dev fragments that hold evidence in the hybrid top 10, the 4-turn form
 held it for 96%, the 3-turn form for 90%, three turns around the best BM25 turn for 80%: enough
 that past half the pack, conversation hits come as these excerpts first
-(:data:`memoriesd.memory.context.WHOLE_SHARE`). Else, the :data:`EXCERPT_TURNS` turns around the
+(:data:`memoriesd.memory.packs.WHOLE_SHARE`). Else, the :data:`EXCERPT_TURNS` turns around the
 turn that BM25 matches best over the turns of all conversation fragments being packed (the vault's
 own FTS5 tokenizer, jieba segmentation and stemming, in a throw-away in-memory index; "what" or
 "did" count for little and "pottery" for much), then that turn alone, only when the whole fragment
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from ..errors import QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES, BM25Index
 from ..index.docs import IndexedDoc
+from ..kinds.turns import TurnSpan, turn_spans
 from ..text.fragments import Fragment
 from ..vault.records import Record
-from .fragments import TurnSpan, turn_spans
 
 #: Turns an excerpt keeps: the best-matching turn with the one before (often the question) and the
 #: one after (often the answer). Measured with bench/eval_conversations.py (README, Conversations).

@@ -1,6 +1,6 @@
 """The plaintext of one sealed vector-sidecar chunk: its entry keys and rows, in an encoding.
 
-A chunk of a version-2 sidecar (:mod:`memoriesd.index.vector_store`, ``docs/format.md``) holds its
+A chunk of a version-2 sidecar (:mod:`memoriesd.index.vectors.sidecar`, ``docs/format.md``) holds its
 rows in the representation the in-memory index keeps (``[index] vector_precision``), so unlock
 copies them into the index as they are: no float32 decode, no re-quantising, and a quarter of
 float32's bytes to read, open and hash for int8 (the default). Layout (integers big-endian)::
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .vectors import normalize_rows, quantize_int8
+from .matrix import normalize_rows, quantize_int8
 
 #: Code of each encoding in a v2 chunk (index = code); the order is also widest first.
 ENCODINGS = ("float32", "int8", "float16")

@@ -1,7 +1,7 @@
 """A vault's sealed vector files as a whole: their names, the space list, compaction and status.
 
 Functions over every sidecar of a vault, not one loaded vector space (that is
-:class:`~memoriesd.rag.vectors.VectorSpace`): the opaque sidecar id of a model identity, noting a
+:class:`~memoriesd.index.vectors.space.VectorSpace`): the opaque sidecar id of a model identity, noting a
 space in the sealed space list, the content keys of every live fragment, rewriting every sidecar
 to the live fragments after compaction or ``memory forget`` (:func:`compact_vectors`), and
 ``rag status`` counts before any vector is loaded (:func:`sealed_status`).
@@ -16,22 +16,22 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..vault import crypto
-from .caches import embed_input
-from .vector_names import register_in_spaces
-from .vector_store import (
+from ...vault import crypto
+from ..docs import embed_input
+from .matrix import vector_bytes
+from .names import (
     SPACES_NAME,
-    VectorStore,
     content_key,
     entry_key,
     is_legacy_key,
     list_sidecars,
     read_spaces,
+    register_in_spaces,
     sidecar_opaque_id,
     sidecar_path,
     write_spaces,
 )
-from .vectors import vector_bytes
+from .sidecar import VectorStore
 
 log = logging.getLogger("memoriesd.vectors")
 
@@ -62,7 +62,7 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
 def _embed_inputs(store: Any, fp_key: bytes, *, legacy: bool, windows: bool) -> Iterator[tuple[str | None, str, str | None]]:
     """``(title, text, old-scheme key or None)`` of what the embedder reads for every fragment (then
     turn window) of the vault's live, searchable records, as the index builds them."""
-    from .caches import index_doc
+    from ..docs import index_doc
 
     for rec in store.latest():
         if not rec.searchable:

@@ -30,7 +30,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from ..errors import UrlRefused
+from .errors import UrlRefused
 
 ALLOWED_HINT = "use https://, or http:// only for a loopback service (127.0.0.1, ::1, localhost)"
 

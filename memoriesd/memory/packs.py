@@ -8,7 +8,7 @@ Two blocks, in this order, each item labelled ``[S1]``, ``[S2]``... and always w
    and fragments of notes and cards; with a model, vector neighbours under its evidence floor are
    left out, as for ``rag ask``), best first, without what the first block already holds. As for
    ``rag ask``, a conversation fragment's vector score is lifted by its best turn window
-   (:mod:`memoriesd.conversations.windows`).
+   (:mod:`memoriesd.index.vectors.windows`).
 
 Sizes are counted with the embedding model's tokenizer when a local model is in use (special
 tokens excluded; a text longer than the model reads is counted in halves), else estimated: one
@@ -19,7 +19,7 @@ heading (the relevant block also the blank line before it) once it has an item. 
 Priority rule: when everything does not fit, the least relevant memories are left out first
 (relevant items are taken in order of relevance; one that does not fit whole is left out and the
 next, smaller, one may still fit; a conversation fragment may come as an excerpt of the turns
-that answer, :mod:`memoriesd.conversations.excerpt`: when it does not fit whole, or, when its
+that answer, :mod:`memoriesd.memory.excerpt`: when it does not fit whole, or, when its
 turn window chose the excerpt, once the items before it fill :data:`WHOLE_SHARE` of the room). The profile block is shortened, from its least important end,
 only when it is over :data:`PROFILE_SHARE` of the budget while relevant memories wait
 for the room (when they need less, the profile may use the rest). Budget still left at the end
@@ -46,12 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..conversations.excerpt import excerpts
-from ..conversations.fragments import TurnSpan, conversation_view, turn_spans
 from ..errors import UsageError
+from ..kinds.fact import KIND, category_of
+from ..kinds.turns import TurnSpan, conversation_view, turn_spans
 from ..vault.records import Record
 from ..vault.store import VaultStore
-from .facts import KIND, category_of, current_facts, profile_order
+from .excerpt import excerpts
+from .facts import current_facts, profile_order
 
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
@@ -331,7 +332,7 @@ def _found(out: Any, store: VaultStore, in_profile: set[str]) -> list[Found]:
 def _relevant(query: str, out: Any, found: list[Found]) -> list[PackItem]:
     """The relevant block's candidates, in search order, each with its shorter forms."""
     # A conversation fragment that no longer fits whole may still fit as an excerpt of the few turns
-    # that match the query best (conversations.excerpt): the pack then holds more distinct hits.
+    # that match the query best (memory.excerpt): the pack then holds more distinct hits.
     convs = [(rec, frag.start, frag.end) for doc, frag, _, rec, _ in found if doc.kind == CONVERSATION]
     wins = [out.best_windows.get(fid) for doc, _, _, _, fid in found if doc.kind == CONVERSATION]
     cuts = iter(excerpts(query, convs, wins))

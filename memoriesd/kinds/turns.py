@@ -17,11 +17,14 @@ body (edited by hand with `memory update`) is cut like plain text.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..text.fragments import Fragment, fingerprint, split_fragments
 from ..vault.records import Record
+from .base import MAX_WINDOWS
 
 KIND = "conversation"
 #: Largest fragment, in characters, that grouping whole turns may make: about six turns of chat.
@@ -34,6 +37,8 @@ MAX_CHARS = 1024
 MAX_TURNS = 12
 #: Turns of the previous fragment repeated at the start of the next one (0: no overlap): a question
 #: at the end of a fragment stays in front of its answer (768/8 without it: 0.74).
+#: Turns per turn window (:func:`turn_windows`): a question and its answer.
+WINDOW_TURNS = 2
 OVERLAP_TURNS = 1
 #: Only a turn shorter than this share of MAX_CHARS is repeated as overlap.
 OVERLAP_SHARE = 0.25
@@ -163,14 +168,49 @@ def split_conversation(rec: Record, fp_key: bytes) -> list[Fragment]:
     return frags
 
 
+
+def turn_windows(rec: Record, fragments: Sequence[Fragment]) -> tuple[tuple[Fragment, ...], ...]:
+    """For each fragment of a conversation record (in order), its windows: fragments of
+    :data:`WINDOW_TURNS` consecutive whole turns inside it, with the fragment's ordinal. A fragment
+    of fewer than three turns (or part of one long turn) has none. ``()`` when the record's turn
+    metadata does not fit its body."""
+    spans = turn_spans(rec)
+    if not spans:
+        return ()
+    data = rec.body.encode("utf-8")
+    starts = [t.start for t in spans]
+    out: list[tuple[Fragment, ...]] = []
+    for f in fragments:
+        lo = bisect.bisect_left(starts, f.start)
+        hi = lo
+        while hi < len(spans) and spans[hi].end <= f.end:
+            hi += 1
+        inside = spans[lo:hi]
+        if len(inside) <= WINDOW_TURNS:
+            out.append(())
+            continue
+        wins: list[Fragment] = []
+        for j in range(min(len(inside) - WINDOW_TURNS + 1, MAX_WINDOWS)):
+            s, e = inside[j].start, inside[j + WINDOW_TURNS - 1].end
+            try:
+                text = data[s:e].decode("utf-8")
+            except UnicodeDecodeError:  # turn_spans checked the ranges; never cut a character
+                break
+            wins.append(Fragment(rec.id, rec.revision, f.ordinal, s, e, text, ""))
+        out.append(tuple(wins))
+    return tuple(out)
+
+
 __all__ = [
     "KIND",
     "MAX_CHARS",
     "MAX_TURNS",
     "OVERLAP_TURNS",
+    "WINDOW_TURNS",
     "TurnSpan",
     "conversation_view",
     "split_conversation",
     "turn_spans",
+    "turn_windows",
     "turns_in",
 ]

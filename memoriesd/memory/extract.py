@@ -36,12 +36,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
-from ..memory.facts import MAX_KEY, RememberRequest, normalise_key, remember
-from ..net.urls import host_of, is_loopback_url
+from ..kinds.turns import KIND, turn_spans
+from ..urls import host_of, is_loopback_url
 from ..vault.records import Record, now
 from ..vault.store import VaultStore
 from .extract_prompt import Extraction, Item, PromptTurn, build_extract_prompt, parse_extraction
-from .fragments import KIND, turn_spans
+from .facts import MAX_KEY, RememberRequest, normalise_key, remember
 from .patterns import USER_ROLES, extract_patterns, is_assistant
 
 __all__ = ["MAX_SEND_TOKENS", "PATHS", "ExtractRequest", "extract", "extract_enabled", "model_refusal", "record_turns"]
@@ -159,9 +159,9 @@ def _select(turns: list[PromptTurn], count: Callable[[str], int], budget: int) -
 
 
 def _ask_model(app: Any, store: VaultStore, rec: Record, turns: list[PromptTurn], ctx: Any, notices: list[str]) -> tuple[Extraction, dict[str, Any]]:
-    from ..memory.context import _counter
-    from ..rag.answer import _run_cancellable
+    from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
+    from .packs import _counter
 
     gen = app.config.generation
     app.rag.check_remote_policy(store, gen.url, "generation")  # before any connection

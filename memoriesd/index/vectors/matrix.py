@@ -14,7 +14,7 @@ Every stored row is scored (no approximate index). The measured cost of the narr
 EmbeddingGemma) and a cosine by at most 0.0016, for a quarter of float32's memory; float16 changes
 neither measurably. Re-scoring int8 candidates with float32 rows was measured and left out (it
 would open most of a vault's sealed chunks for every query), so the sidecar seals rows in this
-representation too (:mod:`~memoriesd.index.vector_chunks`) and :meth:`VectorIndex.add_encoded` takes
+representation too (:mod:`~memoriesd.index.vectors.chunks`) and :meth:`VectorIndex.add_encoded` takes
 them as stored.
 
 Narrow rows are scored in blocks of ``_BLOCK_ELEMS`` values: small enough to stay in the CPU
@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import CapExceeded
+from ...errors import CapExceeded
 
 MIB = 1024 * 1024
 PRECISIONS = ("float32", "float16", "int8")
@@ -173,7 +173,8 @@ class VectorIndex:
         if row is None:
             return None
         scale = self._scale[row : row + 1] if self.precision == "int8" else None
-        return self._decode(self._buf[row : row + 1], scale)[0]
+        vec: np.ndarray = self._decode(self._buf[row : row + 1], scale)[0]
+        return vec
 
     # -- representation ----------------------------------------------------------------------
 
@@ -217,7 +218,8 @@ class VectorIndex:
     def _scores(self, codes: np.ndarray, scale: np.ndarray | None, q: np.ndarray) -> np.ndarray:
         """Cosine of the unit query ``q`` with each row of ``codes`` (float32)."""
         if self.precision == "float32":
-            return codes @ q
+            scores: np.ndarray = codes @ q
+            return scores
         n = codes.shape[0]
         out = np.empty(n, dtype=np.float32)
         if n == 0:
@@ -315,7 +317,7 @@ class VectorIndex:
         self, keys: Sequence[int], encoding: str, rows: np.ndarray, scales: np.ndarray | None, *, adopt: bool = False
     ) -> None:
         """Add new, distinct ``keys`` with rows as a sidecar chunk holds them
-        (:mod:`~memoriesd.index.vector_chunks`: float32 as embedded, int8 codes with ``scales``, or
+        (:mod:`~memoriesd.index.vectors.chunks`: float32 as embedded, int8 codes with ``scales``, or
         float16 bit patterns of unit rows). Rows in this index's own precision are copied as they
         are (no decode, no re-quantising); others are decoded and encoded. ``adopt``: an empty
         index takes ``rows``/``scales`` as its buffer (no copy; the caller gives them up)."""

@@ -3,7 +3,7 @@
 The first vector search after unlock loads every live fragment's vector: about 100,000 content keys
 against about 100,000 sidecar entries. :class:`SidecarMatch` does that with array operations instead
 of a Python step per entry: the wanted keys are sorted once; each chunk's keys (an ``S32`` view of
-its plaintext, :mod:`~memoriesd.index.vector_chunks`) are looked up with one ``searchsorted``; the
+its plaintext, :mod:`~memoriesd.index.vectors.chunks`) are looked up with one ``searchsorted``; the
 rows found are copied as stored (int8 codes and scales for the default precision) into one staging
 buffer that the empty index then adopts. Entries no live fragment wants are handed to ``spare``
 (keys as strings, rows decoded to float32): usually few. A key found twice in the file keeps its
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .vector_chunks import CONTENT_KEY_HEX, Chunk
-from .vector_names import is_legacy_key
-from .vectors import normalize_rows, quantize_int8
+from .chunks import CONTENT_KEY_HEX, Chunk
+from .matrix import normalize_rows, quantize_int8
+from .names import is_legacy_key
 
 _KEY = f"S{CONTENT_KEY_HEX}"
 _BATCH_ROWS = 2048  # entries of small chunks matched at once
