@@ -31,6 +31,7 @@ from . import __version__  # noqa: E402
 from .config import Config, load_config  # noqa: E402
 from .errors import DaemonRunning, MemoriesError  # noqa: E402
 from .home import Home, resolve_home  # noqa: E402
+from .kinds.registry import register_builtin_kinds  # noqa: E402
 from .server.app import App  # noqa: E402
 from .server.config_watch import ConfigWatch  # noqa: E402
 from .server.daemon import Server, raise_nofile_limit  # noqa: E402
@@ -54,7 +55,10 @@ def method_table() -> MethodTable:
 
 
 def build_app(home: Home, config: Config, config_watch: ConfigWatch | None = None, vaults: VaultManager | None = None) -> App:
-    """An application with the full method table and no role (in-process use: tests and scripts)."""
+    """An application with the full method table and no role (in-process use: tests and scripts).
+
+    The record kinds the index knows (cards, facts, conversations) are registered here, explicitly."""
+    register_builtin_kinds()
     return App(home, config, method_table(), config_watch, vaults)
 
 
