@@ -145,7 +145,7 @@ class VaultIndex:
         self.vault_id = store.vault_id
         self.cache_cfg = cache_cfg
         self.lock = threading.RLock()
-        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+        self._fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)
         self._docs: dict[str, IndexedDoc] = {}
         self.generation = -1
         self._n_frags = 0

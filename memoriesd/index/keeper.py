@@ -180,8 +180,8 @@ class SnapshotKeeper:
         self.dir = Path(store.dir)
         self.vault_id = store.vault_id
         self.version = version_tag(DEFAULT)
-        self._sealer = crypto.Sealer(store.key, crypto.LABEL_LEXICAL_SNAPSHOT)
-        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)  # content keys (see encode_meta)
+        self._sealer = store.keys.sealer(crypto.LABEL_LEXICAL_SNAPSHOT)
+        self._fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)  # content keys (see encode_meta)
         # record id -> (revision, the content keys of its fragments joined): from the restored
         # snapshot, or computed for a write; replaced at each write (removed records drop out).
         self._ckeys: dict[str, tuple[int, str]] = {}

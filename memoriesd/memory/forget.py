@@ -197,7 +197,7 @@ def _remove_unknown_sidecars(store: VaultStore) -> tuple[int, str | None]:
     from ..vault import crypto
 
     removed = 0
-    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    sealer = store.keys.sealer(crypto.LABEL_VECTORS)
     try:
         with _spaces_lock:
             try:

@@ -56,7 +56,7 @@ class Recalls:
 
     def _seal(self) -> crypto.Sealer:
         if self._sealer is None:
-            self._sealer = crypto.Sealer(self.store.key, crypto.LABEL_RECALLS)
+            self._sealer = self.store.keys.sealer(crypto.LABEL_RECALLS)
         return self._sealer
 
     def _load(self) -> dict[str, list[float]]:
@@ -159,8 +159,8 @@ def rekey_recalls(rk: Any) -> dict[str, int]:
         blob = (store.dir / RECALLS_NAME).read_bytes()
     except FileNotFoundError:
         return {}
-    old = crypto.Sealer(store.key, crypto.LABEL_RECALLS)
-    new = crypto.Sealer(rk.new_key, crypto.LABEL_RECALLS)
+    old = store.keys.sealer(crypto.LABEL_RECALLS)
+    new = rk.new_keys.sealer(crypto.LABEL_RECALLS)
     try:
         try:
             if not blob.startswith(MAGIC):

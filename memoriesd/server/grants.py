@@ -110,7 +110,7 @@ def _token_hash(store: VaultStore, token: str, rec: dict[str, Any] | None = None
         if store.closed:
             raise crypto.KeyWiped("the vault was locked")
     else:
-        key = crypto.subkey(store.key, crypto.LABEL_GRANTS)
+        key = store.keys.subkey(crypto.LABEL_GRANTS)
     try:
         return crypto.mac(key, token.encode("utf-8")).hex()
     finally:
@@ -123,7 +123,7 @@ def carry_grant(key: str, value: object, rk: Rekeying) -> object:
     made with (sealed in the log like the hash; it derives nothing else, and opens nothing)."""
     if not key.startswith(SETTING_PREFIX) or not isinstance(value, dict) or "hash_key" in value:
         return value
-    sub = crypto.subkey(rk.store.key, crypto.LABEL_GRANTS)
+    sub = rk.store.keys.subkey(crypto.LABEL_GRANTS)
     try:
         return {**value, "hash_key": base64.b64encode(bytes(sub)).decode("ascii")}
     finally:
