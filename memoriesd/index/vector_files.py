@@ -172,7 +172,7 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
         space = vault_index.vectors if vault_index is not None else None
         if space is not None:
             stack.enter_context(space.lock)
-        with store.lock:
+        with store.exclusive():
             pairs = live_fragment_keys(store, legacy=True)  # raises VaultLocked when locked meanwhile
             keep = {new for new, _ in pairs}
             rename = _legacy_rename(pairs)  # a sidecar not re-keyed yet keeps its live vectors

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, VaultLocked
 from ..index.caches import INDEX, IndexCache, VaultIndex
+from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 from .vectors import VectorSpace, sealed_status
 
@@ -278,18 +279,17 @@ class RagEngine:
 
     # ------------------------------------------------------------------ indexes
 
-    def vault_index(self, store: VaultStore) -> VaultIndex:
+    def vault_index(self, vault: LiveVault) -> VaultIndex:
         """The refreshed search state of an unlocked vault (built on first use).
 
         The caller holds a lease on the vault (``VaultManager.use``): the index belongs to the
         vault's owner and is never closed under a leased operation.
         """
         self._ensure_segmentation()
-        live = self.app.vaults.live_of(store)
-        idx = self.cache.get(live)
+        idx = self.cache.get(vault)
         with idx.lock:
-            if not live.is_open:
-                raise VaultLocked(f"vault {store.name} is locked: run `memories vault unlock {store.name}`")
+            if not vault.is_open:
+                raise VaultLocked(f"vault {vault.name} is locked: run `memories vault unlock {vault.name}`")
             idx.refresh()
         return idx
 

@@ -177,7 +177,7 @@ class GrantUses:
     @staticmethod
     def _persist(store: VaultStore, times: dict[str, float]) -> None:
         ops = []
-        with store.lock:
+        with store.exclusive():
             if store.closed:
                 return
             for gid, t in times.items():
@@ -314,7 +314,7 @@ def _lookup(store: VaultStore, record_id: object) -> Record | None:
 def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> NotFound:
     """Exactly the error the store gives for an id that does not exist (whatever its wording)."""
     probe = new_record_id()
-    while probe in store.records:
+    while store.knows(probe):
         probe = new_record_id()
     try:
         store.get(probe, revision)

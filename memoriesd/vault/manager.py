@@ -119,15 +119,9 @@ class VaultManager:
             entry = self._unlocked.get(vault_id)
         return entry if entry is not None and entry.is_open else None
 
-    def live_of(self, store: VaultStore) -> LiveVault:
-        """The open owner of ``store``, or ``vault_locked`` (the store was locked, maybe re-unlocked)."""
-        entry = self.live(store.vault_id)
-        if entry is None or entry.store is not store:
-            raise locked_error(store.name)
-        return entry
-
-    def use(self, ref: str, ctx: Any) -> VaultStore:
-        """The unlocked store for ``ref`` under a lease held until the request ``ctx`` ends.
+    def use(self, ref: str, ctx: Any) -> LiveVault:
+        """The unlocked vault ``ref`` under a lease held until the request ``ctx`` ends: its store,
+        its purpose keys, its named locks and its attachments (see :mod:`.live`).
 
         While the lease is held the vault cannot finish closing; once it starts closing,
         ``ctx.check_cancelled()`` raises ``cancelled`` so long operations stop between steps.
@@ -139,9 +133,9 @@ class VaultManager:
         entry.acquire()
         ctx.leases.append(entry.release)
         ctx.checks.append(entry.check)
-        return entry.store
+        return entry
 
-    def try_use(self, vault_id: str, ctx: Any) -> VaultStore | None:
+    def try_use(self, vault_id: str, ctx: Any) -> LiveVault | None:
         """Like :meth:`use` for a vault id, or None when it is locked."""
         entry = self.live(vault_id)
         if entry is None:
@@ -152,7 +146,7 @@ class VaultManager:
             return None
         ctx.leases.append(entry.release)
         ctx.checks.append(entry.check)
-        return entry.store
+        return entry
 
     def unlocked_store(self, vault_id: str) -> VaultStore | None:
         """The store of an unlocked vault, without a lease: for a glance (status), not for work."""

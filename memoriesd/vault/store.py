@@ -14,11 +14,12 @@ switches by replacing ``header.json``; unlock finishes or removes an interrupted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -548,6 +549,52 @@ class VaultStore:
         with self.lock:
             self._check_open()
             return [revs[-1] for revs in self.records.values() if not revs[-1].deleted]
+
+    def revisions(self, record_id: str) -> tuple[Record, ...]:
+        """Every revision kept of ``record_id``, oldest first, its tombstone last when deleted;
+        empty when the vault holds no such id."""
+        with self.lock:
+            return tuple(self.records.get(record_id, ()))
+
+    def revision_of(self, record_id: str, revision: int) -> Record | None:
+        """Revision ``revision`` of a record, or None when it is not kept or is a tombstone (the
+        latest is found first: what an index snapshot usually asks for)."""
+        with self.lock:
+            revs = self.records.get(record_id, ())
+            for rec in reversed(revs):
+                if rec.revision == revision:
+                    return None if rec.deleted else rec
+                if rec.revision < revision:
+                    return None
+            return None
+
+    def current(self, record_ids: Iterable[str]) -> dict[str, Record]:
+        """The latest revision of each of ``record_ids`` the vault holds and has not deleted."""
+        with self.lock:
+            return {rid: revs[-1] for rid in record_ids if (revs := self.records.get(rid)) and not revs[-1].deleted}
+
+    def histories(self) -> dict[str, tuple[Record, ...]]:
+        """Every record's kept revisions (deleted records too), as one consistent snapshot."""
+        with self.lock:
+            return {rid: tuple(revs) for rid, revs in self.records.items()}
+
+    def knows(self, record_id: str) -> bool:
+        """Whether the vault holds any revision of ``record_id`` (a tombstone counts)."""
+        with self.lock:
+            return record_id in self.records
+
+    def setting_items(self, prefix: str) -> dict[str, Any]:
+        """The settings whose key starts with ``prefix``, as one consistent snapshot."""
+        with self.lock:
+            return {k: v for k, v in self.settings.items() if k.startswith(prefix)}
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A read-then-write step: no other thread commits between the reads made inside and the
+        :meth:`commit` that ends it, so a write is made against the state it read (reentrant).
+        Keep it short: every other reader and writer of the vault waits meanwhile."""
+        with self.lock:
+            yield
 
     # ------------------------------------------------------------------ maintenance
 
