@@ -49,6 +49,17 @@ class Closeable(Protocol):
 T = TypeVar("T", bound=Closeable)
 
 
+class LeaseScope(Protocol):
+    """What a lease is held for (a request, a background job): it releases its leases when it
+    ends and runs its checks between the steps of long work."""
+
+    @property
+    def leases(self) -> list[Callable[[], None]]: ...
+
+    @property
+    def checks(self) -> list[Callable[[], None]]: ...
+
+
 class VaultLock(enum.IntEnum):
     """The named locks of one vault, in the one order a thread may take them (lower first).
 
@@ -270,4 +281,4 @@ def _close_quietly(item: Closeable, vault_id: str) -> None:
         log.exception("vault %s: closing a derived index failed", vault_id)
 
 
-__all__ = ["LiveVault", "VaultLock", "OPEN", "CLOSING", "CLOSED", "locked_error"]
+__all__ = ["LeaseScope", "LiveVault", "VaultLock", "OPEN", "CLOSING", "CLOSED", "locked_error"]

@@ -38,7 +38,7 @@ from ..home import Home
 from . import crypto, fsio
 from .format import HEADER_NAME, Header, atomic_write, read_header
 from .keywrap import KdfParams, unwrap_key
-from .live import LiveVault, locked_error
+from .live import LeaseScope, LiveVault, locked_error
 from .records import new_record_id
 from .rekey import RekeyParts, rekey
 from .remembered import KEYRING_SERVICE, KeyringUnreadable, forget_key, remember_key, remembered_key  # noqa: F401 - KEYRING_SERVICE: its old home
@@ -119,7 +119,7 @@ class VaultManager:
             entry = self._unlocked.get(vault_id)
         return entry if entry is not None and entry.is_open else None
 
-    def use(self, ref: str, ctx: Any) -> LiveVault:
+    def use(self, ref: str, ctx: LeaseScope) -> LiveVault:
         """The unlocked vault ``ref`` under a lease held until the request ``ctx`` ends: its store,
         its purpose keys, its named locks and its attachments (see :mod:`.live`).
 
@@ -135,7 +135,7 @@ class VaultManager:
         ctx.checks.append(entry.check)
         return entry
 
-    def try_use(self, vault_id: str, ctx: Any) -> LiveVault | None:
+    def try_use(self, vault_id: str, ctx: LeaseScope) -> LiveVault | None:
         """Like :meth:`use` for a vault id, or None when it is locked."""
         entry = self.live(vault_id)
         if entry is None:
