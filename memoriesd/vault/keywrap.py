@@ -8,6 +8,7 @@ under a new passphrase) build on, so that neither needs the other's private help
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..errors import BadPassphrase
 from . import crypto
@@ -26,6 +27,17 @@ class KdfParams:
     memory_kib: int = 65536
     iterations: int = 3
     lanes: int = 4
+
+
+def kdf_fields(kdf: KdfParams) -> dict[str, Any]:
+    """The ``kdf`` object of a header: Argon2id with these costs and a fresh random salt."""
+    return {
+        "alg": "argon2id",
+        "memory_kib": kdf.memory_kib,
+        "iterations": kdf.iterations,
+        "lanes": kdf.lanes,
+        "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
+    }
 
 
 def _kek(header: Header, passphrase: bytes | bytearray) -> bytearray:
@@ -64,15 +76,9 @@ def unwrap_key(header: Header, passphrase: bytes | bytearray) -> bytearray:
 def new_header(header: Header, passphrase: bytes | bytearray, key: bytearray, kdf: KdfParams) -> Header:
     """A copy of ``header`` with a new salt, ``key`` wrapped under ``passphrase`` (Argon2id) and its MAC."""
     out = replace(header)
-    out.kdf = {
-        "alg": "argon2id",
-        "memory_kib": kdf.memory_kib,
-        "iterations": kdf.iterations,
-        "lanes": kdf.lanes,
-        "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
-    }
+    out.kdf = kdf_fields(kdf)
     wrap_key(out, passphrase, key)
     return out
 
 
-__all__ = ["KdfParams", "new_header", "unwrap_key", "why", "wrap_key"]
+__all__ = ["KdfParams", "kdf_fields", "new_header", "unwrap_key", "why", "wrap_key"]

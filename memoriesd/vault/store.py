@@ -8,7 +8,7 @@ just deleted: complete groups (a crash after the log fsync, or an older head.bin
 rolled forward under a new head, and an incomplete group's bytes (or a log of a newer epoch than
 the head's) are moved to a ``preserved-*`` file. When the disk fails a write after the point where its outcome is certain, the callers get
 ``io_error`` and the store refuses further writes until the vault is locked and unlocked.
-A key change (:meth:`VaultStore.rekey`) stages every file under the new key as ``rekey-*``, then
+A key change (:func:`.rekey.rekey`) stages every file under the new key as ``rekey-*``, then
 switches by replacing ``header.json``; unlock finishes or removes an interrupted one.
 """
 
@@ -36,7 +36,6 @@ from .format import (
     Head,
     Header,
     atomic_write,
-    b64e,
     chain_start,
     decode_log,
     decode_tail,
@@ -52,7 +51,7 @@ from .format import (
     seal_head,
 )
 from .keys import VaultKeys
-from .keywrap import KdfParams, new_header, unwrap_key, why, wrap_key
+from .keywrap import KdfParams, kdf_fields, new_header, unwrap_key, why, wrap_key
 from .records import Record, now
 from .recovery import (
     REKEY_HEAD,
@@ -136,13 +135,7 @@ class VaultStore:
             vault_id=vault_id,
             name=name,
             created=now(),
-            kdf={
-                "alg": "argon2id",
-                "memory_kib": kdf.memory_kib,
-                "iterations": kdf.iterations,
-                "lanes": kdf.lanes,
-                "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
-            },
+            kdf=kdf_fields(kdf),
             wrap="",
         )
         key = crypto.new_key()
