@@ -137,3 +137,20 @@ def test_store_reads_see_revisions_tombstones_and_settings_without_its_lock(live
         current = store.get(a.id)
         store.commit([Record(a.id, current.revision + 1, a.kind, "a", "third", False, (), created=a.created, updated=now())])
     assert store.get(a.id).body == "third"
+
+
+def test_no_module_outside_the_vault_takes_the_store_lock_or_reads_the_vault_key() -> None:
+    """The lease is the seam: code outside ``memoriesd/vault/`` asks the store for what it reads
+    and the lease for purpose keys; the store's lock, records and key stay inside."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent / "memoriesd"
+    pattern = re.compile(r"\bstore\.(lock|records|key)\b|\.new_key\b|\blive_of\(")
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if "vault" not in path.relative_to(root).parts[:1]
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
