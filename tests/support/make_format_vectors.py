@@ -139,8 +139,8 @@ def build_cases(work: Path) -> None:  # noqa: C901 - one flat list of cases read
 
     # --- sound vaults -------------------------------------------------------------------------
     case("valid-core", "valid", "none: header, head and log as the store wrote them", one(), opens(log_bytes=L))
-    vec = full[f"vectors-{sidecar_id(a.keys, IDENTITY)}.bin"]
-    full_sidecars = {"spaces": [sidecar_id(a.keys, IDENTITY)], "entries": _count_vectors(vec), "kept": True}
+    vec = full[f"vectors-{sidecar_id(VaultKeys(a.key), IDENTITY)}.bin"]
+    full_sidecars = {"spaces": [sidecar_id(VaultKeys(a.key), IDENTITY)], "entries": _count_vectors(vec), "kept": True}
     case("valid-with-sidecars", "valid", "none: with vector sidecar (two commits), space list and recall counters",
          {A: full}, opens(log_bytes=L, recalls={ID["F"]: 3}, vectors=full_sidecars))
     case("valid-new-vault", "valid", "none: a vault just created (empty log, head at 0)",
@@ -637,7 +637,7 @@ def _record_known_answers(a: Built, core: dict[str, bytes]) -> None:
         "entries": entries,
         "head": {"aad": head_aad(VAULT_A).decode(), "plaintext": head_sealer.open(head[6:], head_aad(VAULT_A)).decode(),
                  "epoch": h.epoch, "count": h.count, "log_bytes": h.log_bytes, "last_hash": h.last_hash.hex()},
-        "vector_sidecar": {"identity": IDENTITY, "dims": DIMS, "file": f"vectors-{sidecar_id(a.keys, IDENTITY)}.bin"},
+        "vector_sidecar": {"identity": IDENTITY, "dims": DIMS, "file": f"vectors-{sidecar_id(VaultKeys(a.key), IDENTITY)}.bin"},
     })
     crypto.wipe(kek)
 
