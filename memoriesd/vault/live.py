@@ -2,8 +2,11 @@
 
 A :class:`LiveVault` exists from unlock (or create) to lock. Everything that holds plaintext or
 key material for the vault hangs off it: the :class:`~memoriesd.vault.store.VaultStore` (records
-and the vault key) and *attachments* (the search index with its vectors and subkeys), each built
-only while the vault is open.
+and the vault key) and *attachments* (the search index with its vectors and subkeys, the recall
+counters), each built only while the vault is open. It is what :meth:`VaultManager.use
+<memoriesd.vault.manager.VaultManager.use>` hands a request: the store, the purpose keys
+(:attr:`LiveVault.keys`: sealers and subkeys per label, never the vault key) and the vault's named
+locks (:meth:`LiveVault.hold`, always taken in :class:`VaultLock` order).
 
 Lifecycle: ``open`` → ``closing`` → ``closed``, one way. Every operation on the vault holds a
 *lease* (:meth:`LiveVault.acquire` / :meth:`LiveVault.release`, or :meth:`LiveVault.use`). Closing
