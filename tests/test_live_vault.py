@@ -378,7 +378,7 @@ def test_lock_waits_for_a_leased_operation_and_refuses_new_ones(make_app: Any) -
     app = make_app()
     vid = call(app, "vault.create", name="lease", passphrase=PW)["vault_id"]
     ctx = Context(Params({}))
-    store = app.vaults.use(vid, ctx)
+    store = app.vaults.use(vid, ctx).store
     done = threading.Event()
     live = app.vaults.live(vid)
     assert live is not None

@@ -96,7 +96,7 @@ def capture(
         prepared.append((conv, key, body, meta_for(conv, key, spans)))
     check()
     out: list[Captured] = []
-    with store.lock:
+    with store.exclusive():
         existing: dict[str, Record] = {}
         for rec in store.latest():
             if rec.kind == KIND and not (skip_private and rec.private) and (k := _key_of(rec)) is not None:

@@ -56,7 +56,7 @@ class VaultIndex:
         self.vault_id = store.vault_id
         self.cache_cfg = cache_cfg
         self.lock = threading.RLock()
-        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+        self._fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)
         self._docs: dict[str, IndexedDoc] = {}
         self.generation = -1
         self._n_frags = 0
@@ -92,7 +92,7 @@ class VaultIndex:
                     self.source_bytes = self.bm25.stats.source_bytes
                     restored = True
             store = self.store
-            with store.lock:
+            with store.exclusive():  # generation, head and records of one state
                 gen = store.generation
                 if gen == self.generation and self.bm25 is not None:
                     return False
@@ -258,7 +258,7 @@ def restore_after_unlock(engine: Any, vault_id: str) -> None:
         except MemoriesError:
             return
         try:
-            engine.vault_index(live.store)
+            engine.vault_index(live)
         except Exception as exc:  # noqa: BLE001 - the first search reports whatever this hit
             log.info("vault %s: the lexical index was not restored at unlock (%s)", vault_id, type(exc).__name__)
         finally:

@@ -45,6 +45,7 @@ from ..text.segment import DEFAULT
 from ..vault import crypto
 from ..vault.format import Head
 from ..vault.records import Record
+from ..vault.store import VaultStore
 from .bm25 import BM25Index
 from .docs import IndexedDoc, embed_input
 from .snapshot import (
@@ -162,27 +163,17 @@ def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: 
         raise SnapshotRejected("its index description is malformed") from exc
 
 
-def find_revision(store: Any, record_id: str, revision: int) -> Record | None:
-    """Revision ``revision`` of a record from the store's history (caller holds ``store.lock``)."""
-    for rec in reversed(store.records.get(record_id, ())):
-        if rec.revision == revision:
-            return None if rec.deleted else rec
-        if rec.revision < revision:
-            return None
-    return None
-
-
 class SnapshotKeeper:
     """The lexical snapshot of one unlocked vault's index (see the module docstring)."""
 
-    def __init__(self, store: Any, owner: Any) -> None:
+    def __init__(self, store: VaultStore, owner: Any) -> None:
         self.store = store
         self.owner = owner  # the VaultIndex: its lock, bm25, head and refresh
         self.dir = Path(store.dir)
         self.vault_id = store.vault_id
         self.version = version_tag(DEFAULT)
-        self._sealer = crypto.Sealer(store.key, crypto.LABEL_LEXICAL_SNAPSHOT)
-        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)  # content keys (see encode_meta)
+        self._sealer = store.keys.sealer(crypto.LABEL_LEXICAL_SNAPSHOT)
+        self._fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)  # content keys (see encode_meta)
         # record id -> (revision, the content keys of its fragments joined): from the restored
         # snapshot, or computed for a write; replaced at each write (removed records drop out).
         self._ckeys: dict[str, tuple[int, str]] = {}
@@ -205,12 +196,12 @@ class SnapshotKeeper:
         check = self.owner.check_open
         try:
             image = read_snapshot(self.dir, self.vault_id, self._sealer, self.version, check=check)
-            with self.store.lock:
+            with self.store.exclusive():
                 head = self.store.head
             if image.head != head and not log_extends(self.dir, self.vault_id, image.head, head):
                 raise SnapshotRejected("it was built from another state of the vault (compacted or restored since)", stale=True)
             with bulk_load():  # a few hundred thousand objects that all stay alive
-                with self.store.lock:
+                with self.store.exclusive():  # every lookup sees the epoch checked here
                     if self.store.head.epoch != image.head.epoch:
                         raise SnapshotRejected("the vault was compacted meanwhile", stale=True)
                     dec = decode_meta(image.meta, self._lookup, make_doc, check)
@@ -312,13 +303,8 @@ class SnapshotKeeper:
         return out
 
     def _lookup(self, record_id: str, revision: int) -> Record | None:
-        """A record revision, usually the latest (caller holds ``store.lock``)."""
-        revs = self.store.records.get(record_id)
-        if revs:
-            last = revs[-1]
-            if last.revision == revision:
-                return None if last.deleted else last
-        return find_revision(self.store, record_id, revision)
+        """A record revision, usually the latest (the caller is inside ``store.exclusive()``)."""
+        return self.store.revision_of(record_id, revision)
 
     def _reject(self, exc: SnapshotRejected) -> None:
         self.info = {"source": "built", "rejected": exc.reason}
@@ -444,4 +430,4 @@ def _why(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-__all__ = ["SnapshotKeeper", "WRITE_AFTER_ROWS", "SETTLE_SECONDS", "decode_meta", "encode_meta", "find_revision"]
+__all__ = ["SnapshotKeeper", "WRITE_AFTER_ROWS", "SETTLE_SECONDS", "decode_meta", "encode_meta"]

@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
 from ..kinds.turns import KIND, turn_spans
 from ..urls import host_of, is_loopback_url
+from ..vault.live import LiveVault, VaultLock
 from ..vault.records import Record, now
 from ..vault.store import VaultStore
 from .extract_prompt import Extraction, Item, PromptTurn, build_extract_prompt, parse_extraction
@@ -219,14 +220,13 @@ def _with_summary(rec: Record, summary: str) -> Record:
                   private_meta=rec.private_meta, created=rec.created, updated=now())
 
 
-def _write(app: Any, store: VaultStore, rec: Record, items: list[Item], summary: str | None, req: ExtractRequest, ctx: Any) -> tuple[list[dict[str, Any]], int, bool]:
+def _write(app: Any, vault: LiveVault, rec: Record, items: list[Item], summary: str | None, req: ExtractRequest, ctx: Any) -> tuple[list[dict[str, Any]], int, bool]:
     """Remember ``items`` and store ``summary``; ``(outcomes, rejected, anything changed)``."""
-    live = app.vaults.live_of(store)
+    store = vault.store
     outcomes: list[dict[str, Any]] = []
     rejected = 0
     changed = False
-    # The order capture, then facts: as `memory summarize` takes them.
-    with live.mutex("capture"), live.mutex("facts"):
+    with vault.hold(VaultLock.CAPTURE, VaultLock.FACTS):
         if _revision(store, rec.id) != rec.revision:
             raise Cancelled("the conversation changed while it was being extracted: nothing was written; run it again")
         for item in items:
@@ -234,14 +234,14 @@ def _write(app: Any, store: VaultStore, rec: Record, items: list[Item], summary:
             r = RememberRequest(item.text, item.category, item.key, item.importance, (ACTION_TAG,) if item.action else (),
                                 skip_private=req.skip_private, source=source)
             try:
-                outcome = remember(app.rag, store, r, ctx)
+                outcome = remember(app.rag, vault, r, ctx)
             except UsageError:
                 rejected += 1
                 continue
             changed = changed or outcome.action != "unchanged"
             outcomes.append({**outcome.to_dict(), "text": outcome.record.body, "turns": list(item.turns)})
         if summary is not None and rec.meta.get("summary") != summary:
-            with store.lock:
+            with store.exclusive():
                 ctx.check_cancelled()
                 current = store.get(rec.id)
                 if current.revision != rec.revision:
@@ -251,8 +251,9 @@ def _write(app: Any, store: VaultStore, rec: Record, items: list[Item], summary:
     return outcomes, rejected, changed
 
 
-def extract(app: Any, store: VaultStore, req: ExtractRequest, ctx: Any) -> dict[str, Any]:
+def extract(app: Any, vault: LiveVault, req: ExtractRequest, ctx: Any) -> dict[str, Any]:
     """Extract from one conversation record (module docstring)."""
+    store = vault.store
     plan = _plan(app, store, req)
     rec = store.get(req.record_id)
     if rec.private:
@@ -273,7 +274,7 @@ def extract(app: Any, store: VaultStore, req: ExtractRequest, ctx: Any) -> dict[
             for f in extract_patterns(turns)
         ]
     ctx.check_cancelled()
-    outcomes, rejected, changed = _write(app, store, rec, items, summary, req, ctx)
+    outcomes, rejected, changed = _write(app, vault, rec, items, summary, req, ctx)
     if changed and app.rag is not None:
         app.rag.background.request(store.vault_id)  # the facts and the summary are indexed like any change
     if not items:

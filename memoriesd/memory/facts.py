@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, UsageError
 from ..kinds.fact import CATEGORIES, KIND, category_of
+from ..vault.live import LiveVault
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 
@@ -241,9 +242,10 @@ def profile_order(facts: list[Record]) -> list[Record]:
 # ---------------------------------------------------------------------------- matching
 
 
-def _similar_by_model(engine: Any, store: VaultStore, facts: list[Record], text: str, ctx: Any) -> tuple[Record, float, bool] | None:
+def _similar_by_model(engine: Any, vault: LiveVault, facts: list[Record], text: str, ctx: Any) -> tuple[Record, float, bool] | None:
     """The most similar fact by cosine, and whether it passes the model's threshold; None when no
     calibrated local model can judge (the caller falls back to the lexical rule)."""
+    store = vault.store
     if engine is None or not facts or not engine.embedding_available() or engine.remote_embedding():
         return None  # none, or a remote service: its cosines are not calibrated here
     embedder = engine.embedder()
@@ -252,7 +254,7 @@ def _similar_by_model(engine: Any, store: VaultStore, facts: list[Record], text:
         return None
     for attempt in range(_ATTEMPTS):
         try:
-            idx = engine.vault_index(store)
+            idx = engine.vault_index(vault)
             space = engine.vector_space(store, idx, embedder)
             if idx.bm25 is None:
                 return None
@@ -279,8 +281,9 @@ def _similar_by_model(engine: Any, store: VaultStore, facts: list[Record], text:
     return owner[fid], float(score), score >= threshold
 
 
-def find_same(engine: Any, store: VaultStore, req: RememberRequest, key: str, ctx: Any, notices: list[str]) -> Match | None:
+def find_same(engine: Any, vault: LiveVault, req: RememberRequest, key: str, ctx: Any, notices: list[str]) -> Match | None:
     """The current fact of the category that ``req`` restates or revises, if any (module docstring)."""
+    store = vault.store
     facts = [f for f in current_facts(store, req.category) if not (req.skip_private and f.private)]
     norm = normalise(req.text)
     for rec in facts:
@@ -295,7 +298,7 @@ def find_same(engine: Any, store: VaultStore, req: RememberRequest, key: str, ct
     if not pool:
         return None
     try:
-        judged = _similar_by_model(engine, store, pool, req.text, ctx)
+        judged = _similar_by_model(engine, vault, pool, req.text, ctx)
     except (ModelUnavailable, CapExceeded) as exc:
         notices.append(f"compared by words, not by meaning ({exc.message})")
         judged = None
@@ -320,11 +323,12 @@ def find_same(engine: Any, store: VaultStore, req: RememberRequest, key: str, ct
 # ---------------------------------------------------------------------------- remember
 
 
-def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> Outcome:
+def remember(engine: Any, vault: LiveVault, req: RememberRequest, ctx: Any) -> Outcome:
     """Add a fact, or revise the current fact it restates (see the module docstring).
 
     The caller holds the vault's ``facts`` mutex, so two remembers of one fact cannot both add it.
     """
+    store = vault.store
     if req.category not in CATEGORIES:
         raise UsageError(f"--category takes {', '.join(CATEGORIES)}")
     req.text = check_text(req.text)
@@ -337,8 +341,8 @@ def remember(engine: Any, store: VaultStore, req: RememberRequest, ctx: Any) -> 
         if not key:
             raise UsageError("--key needs letters or digits, e.g. --key typescript")
     notices: list[str] = []
-    match = find_same(engine, store, req, key, ctx, notices)
-    with store.lock:
+    match = find_same(engine, vault, req, key, ctx, notices)
+    with store.exclusive():
         # Under the lock that `grant revoke` also takes: a grant revoked or expired by now (or a client
         # gone) writes nothing; one revoked after the commit finds the fact committed.
         ctx.check_cancelled()

@@ -34,6 +34,7 @@ from ..index.bm25 import MAX_CANDIDATES
 from ..kinds.fact import KIND, category_of
 from ..vault import fsio
 from ..vault.format import PRESERVED_PREFIX, fsync_dir
+from ..vault.live import LiveVault
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
 from .facts import fact_tokens
@@ -73,7 +74,7 @@ class Target:
 
 
 def _target(store: VaultStore, record_id: str, match: str, score: float | None = None) -> Target | None:
-    revs = store.records.get(record_id)
+    revs = store.revisions(record_id)
     if not revs:
         return None
     shown = next((r for r in reversed(revs) if not r.deleted), revs[-1])
@@ -83,7 +84,7 @@ def _target(store: VaultStore, record_id: str, match: str, score: float | None =
 def select_ids(store: VaultStore, ids: list[str]) -> list[Target]:
     """The named records; ``not_found`` for an id the vault does not hold (not even deleted)."""
     out: list[Target] = []
-    with store.lock:
+    with store.exclusive():  # one state for every id
         for rid in dict.fromkeys(ids):
             t = _target(store, rid, "id")
             if t is None:
@@ -97,8 +98,8 @@ def select_all(store: VaultStore, kind: str | None) -> list[Target]:
     kind = kind or KIND
     if kind not in KINDS:
         raise UsageError(f"--kind takes {', '.join(KINDS)}")
-    with store.lock:
-        ids = [rid for rid, revs in store.records.items() if not revs[-1].deleted and revs[-1].kind == kind]
+    with store.exclusive():  # one state for every record
+        ids = [r.id for r in store.latest() if r.kind == kind]
         return [t for rid in ids if (t := _target(store, rid, "all")) is not None]
 
 
@@ -108,19 +109,19 @@ def _history_matches(store: VaultStore, query: str) -> list[str]:
     if not want:
         return []
     out = []
-    with store.lock:
-        for rid, revs in store.records.items():
-            if not revs[-1].searchable:
-                continue
-            for r in revs[:-1]:
-                if not r.deleted and want <= fact_tokens(" ".join([r.title, r.body, *r.tags])):
-                    out.append(rid)
-                    break
+    for rid, revs in store.histories().items():
+        if not revs[-1].searchable:
+            continue
+        for r in revs[:-1]:
+            if not r.deleted and want <= fact_tokens(" ".join([r.title, r.body, *r.tags])):
+                out.append(rid)
+                break
     return out
 
 
-def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: Any) -> tuple[list[Target], list[str]]:
+def select_query(engine: Any, vault: LiveVault, query: str, scope: str, ctx: Any) -> tuple[list[Target], list[str]]:
     """Records on the topic of ``query`` (module docstring), best first; for ``specific`` the best one."""
+    store = vault.store
     from ..rag.search import SearchRequest, _default_mode, run_search
 
     if scope not in SCOPES:
@@ -128,7 +129,7 @@ def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: An
     if not query.strip():
         raise UsageError("--query needs words to look for")
     notices: list[str] = []
-    idx = engine.vault_index(store)
+    idx = engine.vault_index(vault)
     assert idx.bm25 is not None
     lexical: dict[str, float] = {}
     for h in idx.bm25.candidates(query, match_mode="all", limit=MAX_CANDIDATES).hits:
@@ -163,12 +164,12 @@ def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: An
     ordered = sorted(vector, key=lambda r: (-vector[r], r))
     ordered += sorted((r for r in lexical if r not in vector), key=lambda r: (-lexical[r], r))
     ordered += history
-    with store.lock:
-        searchable = [rid for rid in ordered if (revs := store.records.get(rid)) and revs[-1].searchable]
+    current = store.current(ordered)
+    searchable = [rid for rid in ordered if rid in current and current[rid].searchable]
     if scope == "specific" and searchable:
         on_topic = set(searchable)
         best = next(iter(searchable))
-        out = run_search(engine, store, SearchRequest(query=query, limit=100), ctx)
+        out = run_search(engine, vault, SearchRequest(query=query, limit=100), ctx)
         for c in out.hits:
             got = out.fragment(c.frag_id)
             if got is not None and got[0].record_id in on_topic:
@@ -176,7 +177,7 @@ def select_query(engine: Any, store: VaultStore, query: str, scope: str, ctx: An
                 break
         searchable = [best]
     targets: list[Target] = []
-    with store.lock:
+    with store.exclusive():  # one state for every target
         for rid in searchable:
             how, score = ("vector", vector[rid]) if rid in vector else ("lexical", lexical[rid]) if rid in lexical else ("history", None)
             t = _target(store, rid, how, score)
@@ -197,7 +198,7 @@ def _remove_unknown_sidecars(store: VaultStore) -> tuple[int, str | None]:
     from ..vault import crypto
 
     removed = 0
-    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    sealer = store.keys.sealer(crypto.LABEL_VECTORS)
     try:
         with _spaces_lock:
             try:
@@ -249,7 +250,7 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
 
 
 def purge(
-    app: Any, store: VaultStore, record_ids: list[str], check: Callable[[], None] | None = None,
+    app: Any, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
     notices: list[str] | None = None,
 ) -> dict[str, Any]:
     """Forget ``record_ids`` and rewrite every vault file that held them (module docstring).
@@ -258,19 +259,20 @@ def purge(
     validity): when it raises, nothing is forgotten. What the user must know (vector files kept
     because the space list is damaged) is appended to ``notices``.
     """
+    store = vault.store
     from ..index.caches import compact_lexical
     from ..index.vectors.maintenance import compact_vectors
     from .recalls import recalls_of
 
     engine = getattr(app, "rag", None)
-    with store.lock:
+    with store.exclusive():
         if check is not None:
             check()
         tombs: list[Record] = []
         revisions = 0
         forgotten = 0
         for rid in dict.fromkeys(record_ids):
-            revs = store.records.get(rid)
+            revs = store.revisions(rid)
             if not revs:
                 continue
             forgotten += 1
@@ -300,7 +302,7 @@ def purge(
         again = compact_vectors(store, idx)
         out["vector_entries_dropped"] = out.get("vector_entries_dropped", 0) + again["vector_entries_dropped"]
         out["vector_entries_kept"] = again["vector_entries_kept"]
-    recalls_of(app, store).drop(record_ids)
+    recalls_of(vault).drop(record_ids)
     out["preserved_files_removed"] = _remove_preserved(store)
     if engine is not None:
         engine.query_cache.clear()

@@ -49,6 +49,7 @@ from typing import Any
 from ..errors import UsageError
 from ..kinds.fact import KIND, category_of
 from ..kinds.turns import TurnSpan, conversation_view, turn_spans
+from ..vault.live import LiveVault
 from ..vault.records import Record
 from ..vault.store import VaultStore
 from .excerpt import excerpts
@@ -257,12 +258,13 @@ def _counter(engine: Any) -> TokenCounter:
 
 
 def build_pack(
-    app: Any, store: VaultStore, query: str, budget: int, ctx: Any, flt: Any = None, mode: str | None = None
+    app: Any, vault: LiveVault, query: str, budget: int, ctx: Any, flt: Any = None, mode: str | None = None
 ) -> dict[str, Any]:
     """The ``rag.context`` answer: budget, used tokens, the items and the plain text.
 
     ``flt``: a :class:`~memoriesd.rag.filters.RecordFilter` every item must pass (None: all);
     ``mode``: the search's (bm25, vector, hybrid; None: hybrid when a model is usable, else bm25)."""
+    store = vault.store
     from ..rag.search import SearchRequest, run_search
     from .recalls import note_recalls
 
@@ -276,7 +278,7 @@ def build_pack(
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
     req = SearchRequest(query=query, mode=mode, limit=CONTEXT_ITEMS, evidence_floor=True, filters=flt, windows=True)
-    out = run_search(engine, store, req, ctx)
+    out = run_search(engine, vault, req, ctx)
     found = _found(out, store, {f.id for f in profile_facts})
     relevant = _relevant(query, out, found)
     count = _counter(engine)
@@ -289,7 +291,7 @@ def build_pack(
     chosen_p, chosen_r, used = select(profile, relevant, budget, PROFILE_SHARE, count, trim)
     label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
     items, lines = _render(out, chosen_p, chosen_r, label_cost)
-    note_recalls(app, store, [i["record_id"] for i in items])
+    note_recalls(vault, [i["record_id"] for i in items])
     left_out = len(profile) + len(relevant) - len(items)
     return {
         "query": query,

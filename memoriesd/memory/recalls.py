@@ -26,6 +26,7 @@ from typing import Any
 
 from ..vault import crypto, fsio
 from ..vault.format import atomic_write
+from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 
 log = logging.getLogger("memoriesd.memory")
@@ -56,7 +57,7 @@ class Recalls:
 
     def _seal(self) -> crypto.Sealer:
         if self._sealer is None:
-            self._sealer = crypto.Sealer(self.store.key, crypto.LABEL_RECALLS)
+            self._sealer = self.store.keys.sealer(crypto.LABEL_RECALLS)
         return self._sealer
 
     def _load(self) -> dict[str, list[float]]:
@@ -119,8 +120,7 @@ class Recalls:
 
     def _flush_locked(self) -> None:
         counts = self._load()
-        with self.store.lock:  # only current facts are kept
-            live = {rid for rid in counts if (revs := self.store.records.get(rid)) and not revs[-1].deleted and revs[-1].kind == "fact"}
+        live = {rid for rid, rec in self.store.current(counts).items() if rec.kind == "fact"}  # only current facts are kept
         for rid in [r for r in counts if r not in live]:
             del counts[rid]
         try:
@@ -159,8 +159,8 @@ def rekey_recalls(rk: Any) -> dict[str, int]:
         blob = (store.dir / RECALLS_NAME).read_bytes()
     except FileNotFoundError:
         return {}
-    old = crypto.Sealer(store.key, crypto.LABEL_RECALLS)
-    new = crypto.Sealer(rk.new_key, crypto.LABEL_RECALLS)
+    old = store.keys.sealer(crypto.LABEL_RECALLS)
+    new = rk.new_keys.sealer(crypto.LABEL_RECALLS)
     try:
         try:
             if not blob.startswith(MAGIC):
@@ -176,20 +176,21 @@ def rekey_recalls(rk: Any) -> dict[str, int]:
         new.wipe()
 
 
-def recalls_of(app: Any, store: VaultStore) -> Recalls:
-    """The vault's counters (``vault_locked`` once it is closing)."""
-    live = app.vaults.live_of(store)
-    return live.attachment(ATTACHMENT, lambda: Recalls(store))
+def recalls_of(vault: LiveVault) -> Recalls:
+    """The vault's counters, an attachment of its lease (``vault_locked`` once it is closing)."""
+    return vault.attachment(ATTACHMENT, lambda: Recalls(vault.store))
 
 
-def note_recalls(app: Any, store: VaultStore, record_ids: Iterable[str]) -> int:
+def note_recalls(vault: LiveVault, record_ids: Iterable[str]) -> int:
     """Count a recall of every fact among ``record_ids`` (other kinds are ignored). Never fails the
     request it is part of: a failure is logged. Returns how many facts were counted."""
+    store = vault.store
     try:
-        with store.lock:
-            facts = [rid for rid in dict.fromkeys(record_ids) if (revs := store.records.get(rid)) and not revs[-1].deleted and revs[-1].kind == "fact"]
+        ids = list(dict.fromkeys(record_ids))
+        current = store.current(ids)
+        facts = [rid for rid in ids if rid in current and current[rid].kind == "fact"]
         if facts:
-            recalls_of(app, store).note(facts)
+            recalls_of(vault).note(facts)
         return len(facts)
     except Exception as exc:  # noqa: BLE001 - counting must never cost a search its answer
         log.warning("vault %s: recalls not counted (%s)", store.vault_id, type(exc).__name__)

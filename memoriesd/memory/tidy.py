@@ -35,7 +35,6 @@ token total)}``, plus ``speakers`` (the conversations' speakers, searchable) whe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from typing import Any
 from ..errors import DeviceOnly, GenerationNotConfigured, UsageError
 from ..kinds.fact import KIND as FACT
 from ..kinds.fact import category_of
+from ..vault.live import LiveVault, VaultLock
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
 from .facts import fact_view, importance_of
@@ -263,8 +263,9 @@ def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callab
     )
 
 
-def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:
+def summarize(app: Any, vault: LiveVault, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:
     """List the candidates (and without ``apply`` stop there), or replace them with summaries."""
+    store = vault.store
     from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
     from .packs import _counter
@@ -328,11 +329,9 @@ def summarize(app: Any, store: VaultStore, req: SummarizeRequest, ctx: Any) -> d
         unchanged()
         store.commit(records)
 
-    live = app.vaults.live_of(store)
     # No capture revises a conversation, nor remember a fact, between the check and the deletions.
-    # Order: "capture" before "facts" (nothing takes them the other way round).
-    with live.mutex("capture") if req.kind == "conversation" else contextlib.nullcontext(), live.mutex("facts"):
-        out.update(purge(app, store, list(revisions), check=write_summaries, notices=out["notices"]))
+    with vault.hold(*((VaultLock.CAPTURE,) if req.kind == "conversation" else ()), VaultLock.FACTS):
+        out.update(purge(app, vault, list(revisions), check=write_summaries, notices=out["notices"]))
     out["summaries"] = [
         {"id": r.id, "title": r.title, **{k: r.meta[META_KEY][k] for k in ("from", "to", "replaced", "tokens")}}
         for r in records
@@ -377,13 +376,14 @@ def select_stale(store: VaultStore, recalls: Any, req: PruneRequest, at: float) 
     return out
 
 
-def prune(app: Any, store: VaultStore, req: PruneRequest, ctx: Any) -> dict[str, Any]:
+def prune(app: Any, vault: LiveVault, req: PruneRequest, ctx: Any) -> dict[str, Any]:
     """List the stale facts (and without ``apply`` stop there), or forget them for real."""
     from .recalls import recalls_of
 
+    store = vault.store
     req.check()
-    with app.vaults.live_of(store).mutex("facts"):
-        records = select_stale(store, recalls_of(app, store), req, time.time())
+    with vault.hold(VaultLock.FACTS):
+        records = select_stale(store, recalls_of(vault), req, time.time())
         out: dict[str, Any] = {
             "vault_id": store.vault_id,
             "dry_run": not req.apply,
@@ -395,7 +395,7 @@ def prune(app: Any, store: VaultStore, req: PruneRequest, ctx: Any) -> dict[str,
             return out
         ctx.check_cancelled()
         notices: list[str] = []
-        out.update(purge(app, store, [r["id"] for r in records], check=ctx.check_cancelled, notices=notices))
+        out.update(purge(app, vault, [r["id"] for r in records], check=ctx.check_cancelled, notices=notices))
         if notices:
             out["notices"] = notices
     return out

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Cancelled, GenerationNotConfigured, NotFound
+from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 from .engine import RagEngine
 from .grounding import grounded_answer
@@ -73,7 +74,8 @@ def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
     return {"status": "insufficient_evidence", "answer": "", "mode": mode, "citations": [], "notices": notices}
 
 
-def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
+def ask(engine: RagEngine, vault: LiveVault, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
+    store = vault.store
     gen_cfg = engine.config.generation
     if not gen_cfg.configured:
         raise GenerationNotConfigured(
@@ -85,7 +87,7 @@ def ask(engine: RagEngine, store: VaultStore, question: str, req: SearchRequest,
     # Vector search always has nearest neighbours; below the model's evidence floor they are not
     # evidence, so a question nothing in the vault speaks to is never sent to the generation service.
     req.evidence_floor = True
-    outcome = run_search(engine, store, req, ctx)
+    outcome = run_search(engine, vault, req, ctx)
     if not outcome.hits:
         return _insufficient(outcome.mode, outcome.notices)
 

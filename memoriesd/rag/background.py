@@ -201,7 +201,7 @@ class BackgroundIndexer:
         try:
             engine = self.engine
             store = live.store
-            idx = engine.vault_index(store)
+            idx = engine.vault_index(live)
             embedder = engine.embedder()
             space = engine.vector_space(store, idx, embedder)
             missing = space.missing(idx)

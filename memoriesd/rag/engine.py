@@ -21,6 +21,7 @@ from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, Va
 from ..index.caches import INDEX, IndexCache, VaultIndex
 from ..index.vectors.maintenance import sealed_status
 from ..index.vectors.space import VectorSpace
+from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 
 log = logging.getLogger("memoriesd.rag")
@@ -279,18 +280,17 @@ class RagEngine:
 
     # ------------------------------------------------------------------ indexes
 
-    def vault_index(self, store: VaultStore) -> VaultIndex:
+    def vault_index(self, vault: LiveVault) -> VaultIndex:
         """The refreshed search state of an unlocked vault (built on first use).
 
         The caller holds a lease on the vault (``VaultManager.use``): the index belongs to the
         vault's owner and is never closed under a leased operation.
         """
         self._ensure_segmentation()
-        live = self.app.vaults.live_of(store)
-        idx = self.cache.get(live)
+        idx = self.cache.get(vault)
         with idx.lock:
-            if not live.is_open:
-                raise VaultLocked(f"vault {store.name} is locked: run `memories vault unlock {store.name}`")
+            if not vault.is_open:
+                raise VaultLocked(f"vault {vault.name} is locked: run `memories vault unlock {vault.name}`")
             idx.refresh()
         return idx
 

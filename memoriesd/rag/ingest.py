@@ -202,7 +202,7 @@ class _Batch:
             return
         self.ctx.check_cancelled()
         store, report = self.store, self.report
-        with store.lock:  # re-based on the current revisions, written in the same critical section
+        with store.exclusive():  # re-based on the current revisions, written in the same critical section
             pending = [(_rebase(store, rec), status, shown) for rec, status, shown in self.pending]
             store.commit([r for r, _, _ in pending])
         for rec, status, shown in pending:
@@ -260,9 +260,9 @@ def _rebase(store: VaultStore, rec: Record) -> Record:
 
     The card may have changed since the ingest read it (``memory update``, a delete, a tag): the
     file's content is what the ingest writes, as the revision after the current one.
-    Caller holds ``store.lock``.
+    Caller is inside ``store.exclusive()``.
     """
-    current = store.records.get(rec.id)
+    current = store.revisions(rec.id)
     if not current or current[-1].revision == rec.revision - 1:
         return rec
     return replace(rec, revision=current[-1].revision + 1)

@@ -30,6 +30,7 @@ from ..index.caches import VaultIndex
 from ..kinds.card import KIND as CARD
 from ..kinds.registry import kind_of
 from ..text.humanize import duration
+from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 from .engine import INSTALL_HINT, RagEngine
 from .filters import Allowed, RecordFilter, overlaps
@@ -184,10 +185,11 @@ def _default_mode(engine: RagEngine, store: VaultStore) -> str:
     return "bm25" if engine.vault_embedding_source(store)[0] == "none" else "hybrid"
 
 
-def run_search(engine: RagEngine, store: VaultStore, req: SearchRequest, ctx: Any) -> SearchOutcome:
+def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Any) -> SearchOutcome:
+    store = vault.store
     _check(req)
     t0 = time.perf_counter()
-    idx = engine.vault_index(store)
+    idx = engine.vault_index(vault)
     assert idx.bm25 is not None
     bm25 = idx.bm25
     parsed = bm25.parse(req.query, req.match_mode)  # validates the query in every mode

@@ -110,7 +110,7 @@ def _token_hash(store: VaultStore, token: str, rec: dict[str, Any] | None = None
         if store.closed:
             raise crypto.KeyWiped("the vault was locked")
     else:
-        key = crypto.subkey(store.key, crypto.LABEL_GRANTS)
+        key = store.keys.subkey(crypto.LABEL_GRANTS)
     try:
         return crypto.mac(key, token.encode("utf-8")).hex()
     finally:
@@ -123,7 +123,7 @@ def carry_grant(key: str, value: object, rk: Rekeying) -> object:
     made with (sealed in the log like the hash; it derives nothing else, and opens nothing)."""
     if not key.startswith(SETTING_PREFIX) or not isinstance(value, dict) or "hash_key" in value:
         return value
-    sub = crypto.subkey(rk.store.key, crypto.LABEL_GRANTS)
+    sub = rk.store.keys.subkey(crypto.LABEL_GRANTS)
     try:
         return {**value, "hash_key": base64.b64encode(bytes(sub)).decode("ascii")}
     finally:
@@ -177,7 +177,7 @@ class GrantUses:
     @staticmethod
     def _persist(store: VaultStore, times: dict[str, float]) -> None:
         ops = []
-        with store.lock:
+        with store.exclusive():
             if store.closed:
                 return
             for gid, t in times.items():
@@ -314,7 +314,7 @@ def _lookup(store: VaultStore, record_id: object) -> Record | None:
 def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> NotFound:
     """Exactly the error the store gives for an id that does not exist (whatever its wording)."""
     probe = new_record_id()
-    while probe in store.records:
+    while store.knows(probe):
         probe = new_record_id()
     try:
         store.get(probe, revision)

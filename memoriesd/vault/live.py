@@ -2,8 +2,11 @@
 
 A :class:`LiveVault` exists from unlock (or create) to lock. Everything that holds plaintext or
 key material for the vault hangs off it: the :class:`~memoriesd.vault.store.VaultStore` (records
-and the vault key) and *attachments* (the search index with its vectors and subkeys), each built
-only while the vault is open.
+and the vault key) and *attachments* (the search index with its vectors and subkeys, the recall
+counters), each built only while the vault is open. It is what :meth:`VaultManager.use
+<memoriesd.vault.manager.VaultManager.use>` hands a request: the store, the purpose keys
+(:attr:`LiveVault.keys`: sealers and subkeys per label, never the vault key) and the vault's named
+locks (:meth:`LiveVault.hold`, always taken in :class:`VaultLock` order).
 
 Lifecycle: ``open`` → ``closing`` → ``closed``, one way. Every operation on the vault holds a
 *lease* (:meth:`LiveVault.acquire` / :meth:`LiveVault.release`, or :meth:`LiveVault.use`). Closing
@@ -25,13 +28,15 @@ no lease, else when the last lease is released.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from ..errors import Cancelled, VaultLocked
+from ..errors import Cancelled, Internal, VaultLocked
+from .keys import VaultKeys
 from .store import VaultStore
 
 log = logging.getLogger("memoriesd.vault")
@@ -45,6 +50,32 @@ class Closeable(Protocol):
 
 
 T = TypeVar("T", bound=Closeable)
+
+
+class LeaseScope(Protocol):
+    """What a lease is held for (a request, a background job): it releases its leases when it
+    ends and runs its checks between the steps of long work."""
+
+    @property
+    def leases(self) -> list[Callable[[], None]]: ...
+
+    @property
+    def checks(self) -> list[Callable[[], None]]: ...
+
+
+class VaultLock(enum.IntEnum):
+    """The named locks of one vault, in the one order a thread may take them (lower first).
+
+    They serialise read-check-write sequences that span more than one store commit; the store's
+    own lock is held only inside :class:`~memoriesd.vault.store.VaultStore` methods.
+    """
+
+    CAPTURE = 1  # a conversation's turns: capture, extraction, conversation summaries
+    FACTS = 2  # facts: remember, forget, prune, summaries that replace facts
+    INGEST = 3  # documents: one ingest at a time
+
+
+_held = threading.local()  # per thread: {vault_id: [VaultLock, ...]} taken through LiveVault.hold
 
 
 def locked_error(name: str) -> VaultLocked:
@@ -66,7 +97,7 @@ class LiveVault:
         self._attachments: dict[str, Closeable] = {}
         self._detach_when_idle: set[str] = set()
         self._close_hooks: list[Callable[[LiveVault], None]] = []
-        self._mutexes: dict[str, threading.Lock] = {}
+        self._locks = {lock: threading.Lock() for lock in VaultLock}
 
     # ------------------------------------------------------------------ leases
 
@@ -106,6 +137,11 @@ class LiveVault:
         for item in idle:
             _close_quietly(item, self.vault_id)
 
+    @property
+    def keys(self) -> VaultKeys:
+        """Sealers and subkeys of this vault per purpose label (see :mod:`.keys`)."""
+        return self.store.keys
+
     @contextlib.contextmanager
     def use(self) -> Iterator[VaultStore]:
         self.acquire()
@@ -123,10 +159,38 @@ class LiveVault:
     def is_open(self) -> bool:
         return self.state == OPEN
 
-    def mutex(self, name: str) -> threading.Lock:
-        """A named lock of this vault (e.g. one ingest at a time)."""
-        with self._cond:
-            return self._mutexes.setdefault(name, threading.Lock())
+    @contextlib.contextmanager
+    def hold(self, *locks: VaultLock, check: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold the named locks ``locks``, taken in :class:`VaultLock` order whatever order they are
+        given in. Taking a lock while this thread holds one of this vault that comes later (or the
+        same one) is refused with ``internal``: that order is what keeps two threads from deadlocking.
+        ``check`` (background work): called while waiting, so a stop or a lock ends the wait.
+        """
+        wanted = sorted(set(locks))
+        by_vault: dict[str, list[VaultLock]] = _held.__dict__.setdefault("by_vault", {})
+        mine = by_vault.setdefault(self.vault_id, [])
+        if wanted and mine and max(mine) >= wanted[0]:
+            raise Internal(f"lock order: {wanted[0].name} taken while holding {max(mine).name}")
+        taken: list[threading.Lock] = []
+        try:
+            for name in wanted:
+                lock = self._locks[name]
+                if check is None:
+                    lock.acquire()
+                else:
+                    while not lock.acquire(timeout=0.2):
+                        check()
+                taken.append(lock)
+            mine.extend(wanted)
+            try:
+                yield
+            finally:
+                del mine[len(mine) - len(wanted) :]
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+            if not mine:
+                by_vault.pop(self.vault_id, None)
 
     # ------------------------------------------------------------------ attachments
 
@@ -146,7 +210,7 @@ class LiveVault:
             self._detach_when_idle.discard(name)
             return item  # type: ignore[return-value]
 
-    def peek(self, name: str) -> Any:
+    def peek(self, name: str) -> Closeable | None:
         with self._cond:
             return self._attachments.get(name) if self.state == OPEN else None
 
@@ -220,4 +284,4 @@ def _close_quietly(item: Closeable, vault_id: str) -> None:
         log.exception("vault %s: closing a derived index failed", vault_id)
 
 
-__all__ = ["LiveVault", "OPEN", "CLOSING", "CLOSED", "locked_error"]
+__all__ = ["LeaseScope", "LiveVault", "VaultLock", "OPEN", "CLOSING", "CLOSED", "locked_error"]

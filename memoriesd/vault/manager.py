@@ -36,12 +36,13 @@ from ..errors import (
 )
 from ..home import Home
 from . import crypto, fsio
-from .format import HEADER_NAME, atomic_write, read_header
-from .live import LiveVault, locked_error
+from .format import HEADER_NAME, Header, atomic_write, read_header
+from .keywrap import KdfParams, unwrap_key
+from .live import LeaseScope, LiveVault, locked_error
 from .records import new_record_id
-from .rekey import RekeyParts
+from .rekey import RekeyParts, rekey
 from .remembered import KEYRING_SERVICE, KeyringUnreadable, forget_key, remember_key, remembered_key  # noqa: F401 - KEYRING_SERVICE: its old home
-from .store import KdfParams, VaultStore, public_header, unwrap_key
+from .store import VaultStore, public_header
 
 log = logging.getLogger("memoriesd.vault")
 FAILURES_NAME = "unlock-failures"  # wrong-passphrase count (a plain integer: not secret)
@@ -118,15 +119,9 @@ class VaultManager:
             entry = self._unlocked.get(vault_id)
         return entry if entry is not None and entry.is_open else None
 
-    def live_of(self, store: VaultStore) -> LiveVault:
-        """The open owner of ``store``, or ``vault_locked`` (the store was locked, maybe re-unlocked)."""
-        entry = self.live(store.vault_id)
-        if entry is None or entry.store is not store:
-            raise locked_error(store.name)
-        return entry
-
-    def use(self, ref: str, ctx: Any) -> VaultStore:
-        """The unlocked store for ``ref`` under a lease held until the request ``ctx`` ends.
+    def use(self, ref: str, ctx: LeaseScope) -> LiveVault:
+        """The unlocked vault ``ref`` under a lease held until the request ``ctx`` ends: its store,
+        its purpose keys, its named locks and its attachments (see :mod:`.live`).
 
         While the lease is held the vault cannot finish closing; once it starts closing,
         ``ctx.check_cancelled()`` raises ``cancelled`` so long operations stop between steps.
@@ -138,9 +133,9 @@ class VaultManager:
         entry.acquire()
         ctx.leases.append(entry.release)
         ctx.checks.append(entry.check)
-        return entry.store
+        return entry
 
-    def try_use(self, vault_id: str, ctx: Any) -> VaultStore | None:
+    def try_use(self, vault_id: str, ctx: LeaseScope) -> LiveVault | None:
         """Like :meth:`use` for a vault id, or None when it is locked."""
         entry = self.live(vault_id)
         if entry is None:
@@ -151,7 +146,7 @@ class VaultManager:
             return None
         ctx.leases.append(entry.release)
         ctx.checks.append(entry.check)
-        return entry.store
+        return entry
 
     def unlocked_store(self, vault_id: str) -> VaultStore | None:
         """The store of an unlocked vault, without a lease: for a glance (status), not for work."""
@@ -339,63 +334,60 @@ class VaultManager:
             notices.append(left)
         return vault_id
 
-    def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
-        """New passphrase. Never opens a second store on the vault: the header is re-wrapped with
-        the key of the live store, or (locked) with the key the old passphrase unwraps."""
+    @contextlib.contextmanager
+    def _old_key(self, ref: str, old: bytearray, new: bytearray) -> Iterator[tuple[str, Header, bytearray]]:
+        """For a passphrase or key change: under the vault's gate, ``(vault id, header, key)`` with
+        the key ``old`` unwraps (slowed like unlock after wrong guesses); the key is wiped after."""
         vault_id = self.resolve(ref)
         if not new:
             raise UsageError("the new passphrase is empty: choose a passphrase")
-        vault_dir = self.home.vaults / vault_id
         with self._gate(vault_id):
-            header = read_header(vault_dir, self.name_of(vault_id))
+            header = read_header(self.home.vaults / vault_id, self.name_of(vault_id))
             key = self._slowed(vault_id, lambda: unwrap_key(header, old))
             try:
-                entry = self.live(vault_id)
-                if entry is not None:
-                    with entry.use() as store:
-                        store.rewrap(new, self.kdf())
-                else:
-                    if not header.verify_mac(key):
-                        raise VaultCorrupt(
-                            f"vault {header.name} is damaged (its header was altered): restore the vault directory from a backup"
-                        )
-                    # A store object that only re-wraps: it reads no log and recovers nothing.
-                    offline = VaultStore(vault_dir, header, bytearray(key))
-                    try:
-                        offline.rewrap(new, self.kdf())
-                    finally:
-                        offline.close()
+                yield vault_id, header, key
             finally:
                 crypto.wipe(key)
+
+    @staticmethod
+    def _check_header(header: Header, key: bytearray) -> None:
+        if not header.verify_mac(key):
+            raise VaultCorrupt(f"vault {header.name} is damaged (its header was altered): restore the vault directory from a backup")
+
+    def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
+        """New passphrase. Never opens a second store on the vault: the header is re-wrapped with
+        the key of the live store, or (locked) with the key the old passphrase unwraps."""
+        with self._old_key(ref, old, new) as (vault_id, header, key):
+            entry = self.live(vault_id)
+            if entry is not None:
+                with entry.use() as store:
+                    store.rewrap(new, self.kdf())
+            else:
+                self._check_header(header, key)
+                # A store object that only re-wraps: it reads no log and recovers nothing.
+                offline = VaultStore(self.home.vaults / vault_id, header, bytearray(key))
+                try:
+                    offline.rewrap(new, self.kdf())
+                finally:
+                    offline.close()
         log.info("vault %s passphrase changed", vault_id)
 
     def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
         """New passphrase and a new vault key: the whole vault is sealed again under it
-        (:meth:`VaultStore.rekey`), so a copy of the old header opens nothing written since.
+        (:func:`.rekey.rekey`), so a copy of the old header opens nothing written since.
 
         An unlocked vault is locked first (its in-flight work ends and what it keeps in memory is
         written while the old key is valid), re-sealed by a store that nothing else uses, then
         unlocked again under the new key (the keyring's copy, if any, is replaced). Its two Argon2id
         runs (the old passphrase, the new one) take this process's KDF lock one after the other.
         """
-        vault_id = self.resolve(ref)
-        if not new:
-            raise UsageError("the new passphrase is empty: choose a passphrase")
-        vault_dir = self.home.vaults / vault_id
-        with self._gate(vault_id):
-            header = read_header(vault_dir, self.name_of(vault_id))
-            key = self._slowed(vault_id, lambda: unwrap_key(header, old))
+        with self._old_key(ref, old, new) as (vault_id, header, key):
+            self._check_header(header, key)
+            was_open = self._close(vault_id, "key change")
+            store = VaultStore.open(self.home.vaults / vault_id, key=bytearray(key))  # recovers an interrupted write first
+            crypto.wipe(key)
             try:
-                if not header.verify_mac(key):
-                    raise VaultCorrupt(
-                        f"vault {header.name} is damaged (its header was altered): restore the vault directory from a backup"
-                    )
-                was_open = self._close(vault_id, "key change")
-                store = VaultStore.open(vault_dir, key=bytearray(key))  # recovers an interrupted write first
-            finally:
-                crypto.wipe(key)
-            try:
-                stats = store.rekey(new, self.kdf(), parts)
+                stats = rekey(store, new, self.kdf(), parts)
             except BaseException:
                 if was_open and not store.closed and store.usable:
                     self._register(store)  # nothing changed: the vault stays unlocked, as it was

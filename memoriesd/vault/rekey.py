@@ -13,8 +13,10 @@ from typing import Any
 from ..errors import DiskError
 from . import crypto, fsio
 from .format import HEAD_NAME, HEADER_NAME, DirSyncFailed, atomic_write, fsync_dir, log_name, seal_head
+from .keys import VaultKeys
+from .keywrap import KdfParams, new_header, why
 from .recovery import REKEY_PREFIX, discard_rekey, finish_rekey
-from .store import KdfParams, VaultStore, _why
+from .store import VaultStore
 
 
 @dataclass
@@ -23,7 +25,17 @@ class Rekeying:
     old key), the new key, and where to stage a file for it."""
 
     store: VaultStore
-    new_key: bytearray
+    new_key: bytearray  # stays in vault/: derived files get :attr:`old_keys` and :attr:`new_keys`
+
+    @property
+    def old_keys(self) -> VaultKeys:
+        """The sealers and subkeys of the key being replaced (what the files are sealed under now)."""
+        return self.store.keys
+
+    @property
+    def new_keys(self) -> VaultKeys:
+        """The sealers and subkeys of the new key (what the staged files are sealed under)."""
+        return VaultKeys(self.new_key)
 
     def staged(self, name: str) -> Path:
         """Where the new key's ``name`` is written until the switch (``rekey-<name>``)."""
@@ -65,7 +77,7 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
             discard_rekey(store.dir, store.vault_id)  # left by an earlier attempt (unlock removes them too)
         except OSError as exc:
             raise DiskError(
-                f"the key of vault {store.name} was not changed: the disk reported an error ({_why(exc)}): "
+                f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}): "
                 f"check the disk and try again"
             ) from exc
         new_key = crypto.new_key()
@@ -74,7 +86,7 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
         head_sealer = crypto.Sealer(new_key, crypto.LABEL_HEAD)
         switched = False
         try:
-            header = store._new_header(new_passphrase, new_key, kdf)
+            header = new_header(store.header, new_passphrase, new_key, kdf)
             epoch = store.head.epoch + 1
             stats: dict[str, int] = {}
             setting = parts.setting
@@ -89,7 +101,7 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
                 _unstage(store)
                 if isinstance(exc, OSError):
                     raise DiskError(
-                        f"the key of vault {store.name} was not changed: the disk reported an error ({_why(exc)}); "
+                        f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
                         f"nothing changed: check the disk (a key change needs room for a second copy of the "
                         f"vault) and try again"
                     ) from exc
@@ -99,16 +111,16 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
             except DirSyncFailed as exc:
                 # header.json wraps the new key now, but the rename may not survive a power loss:
                 # nothing is moved, so whichever header comes back finds its own files at unlock.
-                store._failed = _why(exc)
+                store.refuse_writes(why(exc))
                 raise DiskError(
-                    f"vault {store.name}: the new key was written but the disk reported an error ({_why(exc)}), "
+                    f"vault {store.name}: the new key was written but the disk reported an error ({why(exc)}), "
                     f"so after a crash the old passphrase may be the one that opens it: check the disk, then "
                     f"unlock the vault (try the new passphrase, then the old one)"
                 ) from exc
             except OSError as exc:
                 _unstage(store)
                 raise DiskError(
-                    f"the key of vault {store.name} was not changed: the disk reported an error ({_why(exc)}); "
+                    f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
                     f"nothing changed: check the disk and try again"
                 ) from exc
             switched = True
@@ -117,21 +129,15 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
                 records.wipe()
                 head_sealer.wipe()
                 crypto.wipe(new_key)
-        old = (store._records, store._head_sealer, store.key)
-        store.key, store._records, store._head_sealer = new_key, records, head_sealer
-        store.header, store.head, store.settings = header, new_head, settings
-        store.generation += 1
-        old[0].wipe()
-        old[1].wipe()
-        crypto.wipe(old[2])
+        store.adopt_key(new_key, records, head_sealer, header, new_head, settings)
         try:
             finish_rekey(store.dir, store.vault_id, epoch)
             fsio.unlink(store.dir / log_name(epoch - 1), missing_ok=True)  # sealed under the old key
             fsync_dir(store.dir)
         except OSError as exc:
-            store._failed = _why(exc)
+            store.refuse_writes(why(exc))
             raise DiskError(
-                f"vault {store.name}: the key was changed, but the disk reported an error ({_why(exc)}) while "
+                f"vault {store.name}: the key was changed, but the disk reported an error ({why(exc)}) while "
                 f"putting the new files in place: check the disk, then unlock the vault with the new "
                 f"passphrase (unlock finishes it)"
             ) from exc

@@ -8,20 +8,21 @@ just deleted: complete groups (a crash after the log fsync, or an older head.bin
 rolled forward under a new head, and an incomplete group's bytes (or a log of a newer epoch than
 the head's) are moved to a ``preserved-*`` file. When the disk fails a write after the point where its outcome is certain, the callers get
 ``io_error`` and the store refuses further writes until the vault is locked and unlocked.
-A key change (:meth:`VaultStore.rekey`) stages every file under the new key as ``rekey-*``, then
+A key change (:func:`.rekey.rekey`) stages every file under the new key as ``rekey-*``, then
 switches by replacing ``header.json``; unlock finishes or removes an interrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..bulk import bulk_load, thaw
 from ..errors import BadPassphrase, DiskError, Internal, NotFound, UsageError, VaultCorrupt
@@ -35,8 +36,6 @@ from .format import (
     Head,
     Header,
     atomic_write,
-    b64d,
-    b64e,
     chain_start,
     decode_log,
     decode_tail,
@@ -51,6 +50,8 @@ from .format import (
     seal_entry,
     seal_head,
 )
+from .keys import VaultKeys
+from .keywrap import KdfParams, kdf_fields, new_header, unwrap_key, why, wrap_key
 from .records import Record, now
 from .recovery import (
     REKEY_HEAD,
@@ -61,25 +62,8 @@ from .recovery import (
     staged_files,
 )
 
-if TYPE_CHECKING:
-    from .rekey import RekeyParts
-
 log = logging.getLogger("memoriesd.vault")
 
-
-
-def _why(exc: BaseException) -> str:
-    """What the OS said, for a one-line message (never a path or any vault content)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return type(exc).__name__
-
-
-@dataclass(frozen=True)
-class KdfParams:
-    memory_kib: int = 65536
-    iterations: int = 3
-    lanes: int = 4
 
 
 @dataclass(frozen=True)
@@ -88,37 +72,6 @@ class Setting:
 
     key: str
     value: Any  # None deletes
-
-
-def _wrap_key(header: Header, passphrase: bytes | bytearray, vault_key: bytearray) -> None:
-    salt = b64d(header.kdf["salt"])
-    kek = crypto.derive_kek(
-        passphrase, salt, memory_kib=header.kdf["memory_kib"], iterations=header.kdf["iterations"], lanes=header.kdf["lanes"]
-    )
-    try:
-        header.wrap = b64e(crypto.seal(kek, bytes(vault_key), header.wrap_aad()))
-    finally:
-        crypto.wipe(kek)
-    header.mac = header.compute_mac(vault_key)
-
-
-def unwrap_key(header: Header, passphrase: bytes | bytearray) -> bytearray:
-    """Vault key from the passphrase; ``bad_passphrase`` when it does not open."""
-    salt = b64d(header.kdf["salt"])
-    kek = crypto.derive_kek(
-        passphrase, salt, memory_kib=header.kdf["memory_kib"], iterations=header.kdf["iterations"], lanes=header.kdf["lanes"]
-    )
-    try:
-        key = bytearray(crypto.open_sealed(kek, b64d(header.wrap), header.wrap_aad()))
-    except crypto.CryptoFailure as exc:
-        raise BadPassphrase(
-            f"wrong passphrase for vault {header.name}: try again (a lost passphrase cannot be recovered)"
-        ) from exc
-    finally:
-        crypto.wipe(kek)
-    if len(key) != crypto.KEY_BYTES:
-        raise BadPassphrase(f"wrong passphrase for vault {header.name}: try again")
-    return key
 
 
 @dataclass
@@ -164,6 +117,11 @@ class VaultStore:
         return self.header.name
 
     @property
+    def keys(self) -> VaultKeys:
+        """Sealers and subkeys of this vault's key per purpose label (the key itself stays in ``vault/``)."""
+        return VaultKeys(self.key)
+
+    @property
     def usable(self) -> bool:
         """Open, and not refusing writes after a disk error."""
         return not self.closed and self._failed is None
@@ -177,17 +135,11 @@ class VaultStore:
             vault_id=vault_id,
             name=name,
             created=now(),
-            kdf={
-                "alg": "argon2id",
-                "memory_kib": kdf.memory_kib,
-                "iterations": kdf.iterations,
-                "lanes": kdf.lanes,
-                "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
-            },
+            kdf=kdf_fields(kdf),
             wrap="",
         )
         key = crypto.new_key()
-        _wrap_key(header, passphrase, key)
+        wrap_key(header, passphrase, key)
         store = cls(vault_dir, header, key)
         fsio.write_new(vault_dir / log_name(0), b"")
         store._write_head(store.head)
@@ -228,7 +180,7 @@ class VaultStore:
         except OSError as exc:
             raise DiskError(
                 f"vault {label} could not finish an interrupted key change: the disk reported an error "
-                f"({_why(exc)}); no data was removed: check the disk, then unlock the vault again"
+                f"({why(exc)}); no data was removed: check the disk, then unlock the vault again"
             ) from exc
         try:
             blob = (self.dir / HEAD_NAME).read_bytes()
@@ -259,7 +211,7 @@ class VaultStore:
         except OSError as exc:
             raise DiskError(
                 f"vault {label} could not finish recovering an interrupted write: the disk reported an error "
-                f"({_why(exc)}); no data was removed: check the disk, then unlock the vault again"
+                f"({why(exc)}); no data was removed: check the disk, then unlock the vault again"
             ) from exc
 
     def _settle_rekey(self) -> None:
@@ -471,13 +423,13 @@ class VaultStore:
                         fsio.ftruncate(fd, head.log_bytes)
                         fsio.fsync(fd)
                 except OSError as cut:
-                    log.warning("vault %s: a failed append could not be cut back (%s)", self.vault_id, _why(cut))
+                    log.warning("vault %s: a failed append could not be cut back (%s)", self.vault_id, why(cut))
                     return "unknown", self._fail(exc, saved=False)
                 if not isinstance(exc, OSError):
                     return "unsaved", exc
                 return "unsaved", DiskError(
                     f"vault {self.name}: the write failed and nothing was saved: the disk reported an error "
-                    f"({_why(exc)}); check the disk (is it full?) and try again"
+                    f"({why(exc)}); check the disk (is it full?) and try again"
                 )
             if stage == "fsync":
                 return "unknown", self._fail(exc, saved=None)
@@ -486,7 +438,7 @@ class VaultStore:
                 "vault %s: the head write failed %s its rename (%s); the fsynced log entries are kept",
                 self.vault_id,
                 "after" if renamed else "before",
-                _why(exc),
+                why(exc),
             )
             return "durable", self._fail(exc, saved=None)
         finally:
@@ -498,10 +450,10 @@ class VaultStore:
 
     def _fail(self, exc: BaseException, *, saved: bool | None) -> DiskError:
         """Enter the failed state after a disk error; the error for the write's callers."""
-        self._failed = _why(exc)
+        self._failed = why(exc)
         outcome = "nothing was saved" if saved is False else "whether the write was saved is unknown"
         err = DiskError(
-            f"vault {self.name}: the disk reported an error ({_why(exc)}), so {outcome}: check the disk, "
+            f"vault {self.name}: the disk reported an error ({why(exc)}), so {outcome}: check the disk, "
             f"then lock and unlock the vault (it refuses writes until then)"
         )
         err.__cause__ = exc
@@ -590,6 +542,52 @@ class VaultStore:
         with self.lock:
             self._check_open()
             return [revs[-1] for revs in self.records.values() if not revs[-1].deleted]
+
+    def revisions(self, record_id: str) -> tuple[Record, ...]:
+        """Every revision kept of ``record_id``, oldest first, its tombstone last when deleted;
+        empty when the vault holds no such id."""
+        with self.lock:
+            return tuple(self.records.get(record_id, ()))
+
+    def revision_of(self, record_id: str, revision: int) -> Record | None:
+        """Revision ``revision`` of a record, or None when it is not kept or is a tombstone (the
+        latest is found first: what an index snapshot usually asks for)."""
+        with self.lock:
+            revs = self.records.get(record_id, ())
+            for rec in reversed(revs):
+                if rec.revision == revision:
+                    return None if rec.deleted else rec
+                if rec.revision < revision:
+                    return None
+            return None
+
+    def current(self, record_ids: Iterable[str]) -> dict[str, Record]:
+        """The latest revision of each of ``record_ids`` the vault holds and has not deleted."""
+        with self.lock:
+            return {rid: revs[-1] for rid in record_ids if (revs := self.records.get(rid)) and not revs[-1].deleted}
+
+    def histories(self) -> dict[str, tuple[Record, ...]]:
+        """Every record's kept revisions (deleted records too), as one consistent snapshot."""
+        with self.lock:
+            return {rid: tuple(revs) for rid, revs in self.records.items()}
+
+    def knows(self, record_id: str) -> bool:
+        """Whether the vault holds any revision of ``record_id`` (a tombstone counts)."""
+        with self.lock:
+            return record_id in self.records
+
+    def setting_items(self, prefix: str) -> dict[str, Any]:
+        """The settings whose key starts with ``prefix``, as one consistent snapshot."""
+        with self.lock:
+            return {k: v for k, v in self.settings.items() if k.startswith(prefix)}
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A read-then-write step: no other thread commits between the reads made inside and the
+        :meth:`commit` that ends it, so a write is made against the state it read (reentrant).
+        Keep it short: every other reader and writer of the vault waits meanwhile."""
+        with self.lock:
+            yield
 
     # ------------------------------------------------------------------ maintenance
 
@@ -686,7 +684,7 @@ class VaultStore:
                         pass  # the next unlock keeps it aside as a preserved-log file
                 if isinstance(exc, OSError):
                     raise DiskError(
-                        f"vault {self.name} was not compacted: the disk reported an error ({_why(exc)}); "
+                        f"vault {self.name} was not compacted: the disk reported an error ({why(exc)}); "
                         f"nothing changed: check the disk and try again"
                     ) from exc
                 raise
@@ -697,8 +695,8 @@ class VaultStore:
             except OSError as exc:
                 # The compaction is durable (the head's directory fsync succeeded); the old log is
                 # removed by the next unlock. The disk failed, though: take no more writes on trust.
-                self._failed = _why(exc)
-                log.warning("vault %s: compacted, but the old log could not be removed (%s)", self.vault_id, _why(exc))
+                self._failed = why(exc)
+                log.warning("vault %s: compacted, but the old log could not be removed (%s)", self.vault_id, why(exc))
             after = sum(len(r) for r in new_records.values())
             return {"revisions_before": before, "revisions_after": after, "log_bytes": new_head.log_bytes}
 
@@ -707,48 +705,47 @@ class VaultStore:
         self.records = new_records
         self.generation += 1
 
-    def _new_header(self, passphrase: bytes | bytearray, key: bytearray, kdf: KdfParams) -> Header:
-        """This vault's header with a new salt, ``key`` wrapped under ``passphrase`` (Argon2id) and its MAC."""
-        header = replace(self.header)
-        header.kdf = {
-            "alg": "argon2id",
-            "memory_kib": kdf.memory_kib,
-            "iterations": kdf.iterations,
-            "lanes": kdf.lanes,
-            "salt": b64e(crypto.random_bytes(crypto.SALT_BYTES)),
-        }
-        _wrap_key(header, passphrase, key)
-        return header
+    def adopt_key(
+        self, key: crypto.Secret, records: crypto.Sealer, head_sealer: crypto.Sealer, header: Header, head: Head, settings: dict[str, Any]
+    ) -> None:
+        """After a key change switched ``header.json``: use ``key`` from now on and wipe the old one.
+
+        Caller holds ``self.lock`` (see :func:`.rekey.rekey`)."""
+        old = (self._records, self._head_sealer, self.key)
+        self.key, self._records, self._head_sealer = key, records, head_sealer
+        self.header, self.head, self.settings = header, head, settings
+        self.generation += 1
+        old[0].wipe()
+        old[1].wipe()
+        crypto.wipe(old[2])
+
+    def refuse_writes(self, reason: str) -> None:
+        """Refuse every later write (a write's outcome is unknown) until the vault is unlocked again."""
+        self._failed = reason
 
     def rewrap(self, new_passphrase: bytes | bytearray, kdf: KdfParams) -> None:
         """New passphrase: a new salt and wrapped key; no record is re-encrypted (the vault key
         stays: a copy of the old header still opens the vault with the old passphrase)."""
         with self.lock:
             self._check_writable()
-            header = self._new_header(new_passphrase, self.key, kdf)
+            header = new_header(self.header, new_passphrase, self.key, kdf)
             try:
                 atomic_write(self.dir / HEADER_NAME, header.to_bytes())
             except DirSyncFailed as exc:
                 # The new header is in place but may not survive a power loss.
                 self.header = header
-                self._failed = _why(exc)
+                self._failed = why(exc)
                 raise DiskError(
                     f"vault {self.name}: the new passphrase was written but the disk reported an error "
-                    f"({_why(exc)}), so after a crash the old passphrase may be the one that opens it: "
+                    f"({why(exc)}), so after a crash the old passphrase may be the one that opens it: "
                     f"check the disk, then lock the vault and unlock it (try the new passphrase, then the old one)"
                 ) from exc
             except OSError as exc:
                 raise DiskError(
                     f"the passphrase of vault {self.name} was not changed: the disk reported an error "
-                    f"({_why(exc)}): check the disk and try again"
+                    f"({why(exc)}): check the disk and try again"
                 ) from exc
             self.header = header
-
-    def rekey(self, new_passphrase: bytes | bytearray, kdf: KdfParams, parts: RekeyParts | None = None) -> dict[str, int]:
-        """New passphrase and a new random vault key, everything re-sealed (:func:`.rekey.rekey`)."""
-        from .rekey import rekey
-
-        return rekey(self, new_passphrase, kdf, parts)
 
 
 def public_header(vault_dir: Path) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from typing import Any
 from ..config import WatchConfig, load_config
 from ..errors import Cancelled, MemoriesError, VaultLocked
 from ..vault.crypto import KeyWiped
+from ..vault.live import VaultLock
 from .sync import FolderProblem, check_root, folder_wanted, sync, wanted
 from .watcher import FolderWatcher, Pending
 
@@ -368,14 +369,9 @@ class WatchService:
         ctx = _SyncContext(self._stop, live.check)
         t0 = time.monotonic()
         try:
-            mutex = live.mutex("ingest")
-            while not mutex.acquire(timeout=0.2):  # one ingest at a time per vault, as `rag ingest`
-                ctx.check_cancelled()
-            try:
+            with live.hold(VaultLock.INGEST, check=ctx.check_cancelled):  # one ingest at a time per vault, as `rag ingest`
                 max_bytes = int(self.app.config.vault.max_document_mib * 1024 * 1024)
                 result = sync(live.store, folder.watch, ctx, paths=paths, folders=subs, max_bytes=max_bytes, exclude=self._exclude)
-            finally:
-                mutex.release()
         except FolderProblem as p:
             self._fail(folder, p.message, problem=True)
             return

@@ -257,12 +257,12 @@ def _prune(
             held += 1
             continue
         candidates.append(rec)
-    with store.lock:  # against the current revisions: a card re-pointed or changed meanwhile is kept
+    with store.exclusive():  # against the current revisions: a card re-pointed or changed meanwhile is kept
         doomed: list[Record] = []
+        current = store.current(rec.id for rec in candidates)
         for rec in candidates:
-            revs = store.records.get(rec.id)
-            last = revs[-1] if revs else None
-            if last is None or last.deleted or last.meta.get("source") != rec.meta.get("source"):
+            last = current.get(rec.id)
+            if last is None or last.meta.get("source") != rec.meta.get("source"):
                 continue
             doomed.append(Record(last.id, last.revision + 1, last.kind, "", "", last.private, (), created=last.created, updated=now(), deleted=True))
         if doomed:

@@ -207,7 +207,7 @@ def add_sidecars(work: Path, files: dict[str, bytes], vault_id: str, seed: str, 
         sealer = crypto.Sealer(s.key, crypto.LABEL_VECTORS)
         keys = sorted({k for k, _ in live_fragment_keys(s)})
         vecs = {k: [float(i + 1), (i % 4) / 4, -0.5, 0.25] for i, k in enumerate(keys)}
-        store = VectorStore(sidecar_path(s.dir, sidecar_id(s.key, IDENTITY)), vault_id=s.vault_id, identity=IDENTITY,
+        store = VectorStore(sidecar_path(s.dir, sidecar_id(s.keys, IDENTITY)), vault_id=s.vault_id, identity=IDENTITY,
                             dims=DIMS, seal=sealer.seal, open_=sealer.open, encoding="int8")  # the default precision
         half = len(keys) // 2
         store.rewrite({k: np.array(vecs[k], dtype=np.float32) for k in keys[:half]})
@@ -218,7 +218,7 @@ def add_sidecars(work: Path, files: dict[str, bytes], vault_id: str, seed: str, 
                           seal=sealer.seal, open_=sealer.open)
         old._rewrite({k: np.array(vecs[k], dtype=np.float32) for k in keys}, "float32", version=1)
         V1_SIDECARS[s.vault_id] = old.path.read_bytes()
-        write_spaces(s.dir, {sidecar_id(s.key, IDENTITY): {"identity": IDENTITY, "dims": DIMS, "used": T0}},
+        write_spaces(s.dir, {sidecar_id(s.keys, IDENTITY): {"identity": IDENTITY, "dims": DIMS, "used": T0}},
                      vault_id=s.vault_id, seal=sealer.seal)
         sealer.wipe()
         if fact is not None:

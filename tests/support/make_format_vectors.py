@@ -39,7 +39,9 @@ from memoriesd.index.vectors.maintenance import sidecar_id
 from memoriesd.text.segment import DEFAULT  # noqa: E402
 from memoriesd.vault import crypto  # noqa: E402
 from memoriesd.vault.format import GROUP_END, LEN, chain_start, log_name, next_hash  # noqa: E402
+from memoriesd.vault.keys import VaultKeys  # noqa: E402
 from memoriesd.vault.records import Record  # noqa: E402
+from memoriesd.vault.rekey import rekey  # noqa: E402
 from memoriesd.vault.store import Setting, VaultStore, unwrap_key  # noqa: E402
 from tests.support.format_vectors_lib import (  # noqa: E402 - replaces os.urandom in this process (see its docstring)
     _VEC_HEADER,
@@ -137,8 +139,8 @@ def build_cases(work: Path) -> None:  # noqa: C901 - one flat list of cases read
 
     # --- sound vaults -------------------------------------------------------------------------
     case("valid-core", "valid", "none: header, head and log as the store wrote them", one(), opens(log_bytes=L))
-    vec = full[f"vectors-{sidecar_id(a.key, IDENTITY)}.bin"]
-    full_sidecars = {"spaces": [sidecar_id(a.key, IDENTITY)], "entries": _count_vectors(vec), "kept": True}
+    vec = full[f"vectors-{sidecar_id(VaultKeys(a.key), IDENTITY)}.bin"]
+    full_sidecars = {"spaces": [sidecar_id(VaultKeys(a.key), IDENTITY)], "entries": _count_vectors(vec), "kept": True}
     case("valid-with-sidecars", "valid", "none: with vector sidecar (two commits), space list and recall counters",
          {A: full}, opens(log_bytes=L, recalls={ID["F"]: 3}, vectors=full_sidecars))
     case("valid-new-vault", "valid", "none: a vault just created (empty log, head at 0)",
@@ -201,7 +203,7 @@ def _rekey_cases(work: Path, full: dict[str, bytes], vectors: dict[str, Any], L:
     from memoriesd.server.methods.vaults import rekey_parts
 
     A, new = VAULT_A, NEW_PASSPHRASE
-    rekeyed = continue_vault(work, full, A, "rekey", lambda s: s.rekey(new.encode(), KDF, rekey_parts()))
+    rekeyed = continue_vault(work, full, A, "rekey", lambda s: rekey(s, new.encode(), KDF, rekey_parts()))
     after = continue_vault(work, rekeyed, A, "rekey-group-8", lambda s: s.commit(GROUP_8), passphrase=new)
     log1 = log_name(1)
     oid = [n for n in rekeyed if n.startswith("vectors-")][0][len("vectors-") : -len(".bin")]
@@ -475,7 +477,7 @@ def _entry_cases(a: Built, one: OneFn) -> None:
 
 
 def _sidecar_cases(full: dict[str, bytes], b_full: dict[str, bytes], key: bytes, one: OneFn, L: int) -> None:
-    oid = sidecar_id(key, IDENTITY)
+    oid = sidecar_id(VaultKeys(key), IDENTITY)
     vec_name, spaces_name, recalls_name = f"vectors-{oid}.bin", "vector-spaces.bin", "recalls.bin"
     b_oid = [n for n in b_full if n.startswith("vectors-")][0]
     vec, spaces, recalls = full[vec_name], full[spaces_name], full[recalls_name]
@@ -635,7 +637,7 @@ def _record_known_answers(a: Built, core: dict[str, bytes]) -> None:
         "entries": entries,
         "head": {"aad": head_aad(VAULT_A).decode(), "plaintext": head_sealer.open(head[6:], head_aad(VAULT_A)).decode(),
                  "epoch": h.epoch, "count": h.count, "log_bytes": h.log_bytes, "last_hash": h.last_hash.hex()},
-        "vector_sidecar": {"identity": IDENTITY, "dims": DIMS, "file": f"vectors-{sidecar_id(a.key, IDENTITY)}.bin"},
+        "vector_sidecar": {"identity": IDENTITY, "dims": DIMS, "file": f"vectors-{sidecar_id(VaultKeys(a.key), IDENTITY)}.bin"},
     })
     crypto.wipe(kek)
 

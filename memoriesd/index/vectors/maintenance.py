@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...vault import crypto
+from ...vault.keys import VaultKeys
 from ..docs import embed_input
 from .matrix import vector_bytes
 from .names import (
@@ -36,12 +37,9 @@ from .sidecar import VectorStore
 log = logging.getLogger("memoriesd.vectors")
 
 
-def sidecar_id(vault_key: bytes | bytearray, identity: str) -> str:
-    key = crypto.subkey(vault_key, crypto.LABEL_VECTOR_NAMES)
-    try:
-        return crypto.mac(key, identity.encode("utf-8")).hex()[:32]
-    finally:
-        crypto.wipe(key)
+def sidecar_id(keys: VaultKeys, identity: str) -> str:
+    """The opaque file id of a model's vector sidecar in a vault (the model identity is not on disk)."""
+    return keys.mac(crypto.LABEL_VECTOR_NAMES, identity.encode("utf-8")).hex()[:32]
 
 
 _spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.bin
@@ -50,7 +48,7 @@ _spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.
 def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) -> None:
     """Note in the vault's sealed space list that ``identity`` (``dims``) is in use now, so
     compaction can open its sidecar and status can count it before the model is loaded."""
-    oid = sidecar_id(store.key, identity)
+    oid = sidecar_id(store.keys, identity)
     with _spaces_lock:
         entry = {"identity": identity, "dims": int(dims), "used": time.time()}
         try:
@@ -83,7 +81,7 @@ def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True
     fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
     fragment's vector had before content keys (to read or re-key an old sidecar). ``windows``:
     then the keys of the conversation fragments' turn windows (which never had an old-scheme key)."""
-    fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
+    fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)
     try:
         return [
             (content_key(fp_key, title, text), old)
@@ -102,8 +100,8 @@ def rekey_vectors(rk: Any) -> dict[str, int]:
     files, and recomputed if its model is used again)."""
     store = rk.store
     stats = {"vector_entries_kept": 0, "vector_entries_dropped": 0, "vector_files": 0}
-    old = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
-    new = crypto.Sealer(rk.new_key, crypto.LABEL_VECTORS)
+    old = store.keys.sealer(crypto.LABEL_VECTORS)
+    new = rk.new_keys.sealer(crypto.LABEL_VECTORS)
     try:
         spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=old.open)
         if not spaces:
@@ -112,13 +110,13 @@ def rekey_vectors(rk: Any) -> dict[str, int]:
         new_spaces: dict[str, dict[str, object]] = {}
         for oid, entry in spaces.items():
             identity, dims = str(entry["identity"]), int(str(entry["dims"]))
-            new_oid = sidecar_id(rk.new_key, identity)
+            new_oid = sidecar_id(rk.new_keys, identity)
             new_spaces[new_oid] = dict(entry)
             path = sidecar_path(store.dir, oid)
             if not path.exists():
                 continue
             if rename is None:
-                rename = _rekey_map(store, rk.new_key)
+                rename = _rekey_map(store, rk.new_keys)
             src = VectorStore(path, vault_id=store.vault_id, identity=identity, dims=dims, seal=old.seal, open_=old.open)
             dst = VectorStore(
                 rk.staged(sidecar_path(store.dir, new_oid).name),
@@ -136,11 +134,11 @@ def rekey_vectors(rk: Any) -> dict[str, int]:
         new.wipe()
 
 
-def _rekey_map(store: Any, new_key: bytes | bytearray) -> dict[str, str]:
+def _rekey_map(store: Any, new_keys: VaultKeys) -> dict[str, str]:
     """Old content key (and old-scheme key) -> the new key's content key, of every live fragment
     and turn window: the same model input under the two fingerprint subkeys."""
-    old_fp = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)
-    new_fp = crypto.subkey(new_key, crypto.LABEL_FINGERPRINT)
+    old_fp = store.keys.subkey(crypto.LABEL_FINGERPRINT)
+    new_fp = new_keys.subkey(crypto.LABEL_FINGERPRINT)
     try:
         out: dict[str, str] = {}
         for title, text, legacy in _embed_inputs(store, bytes(old_fp), legacy=True, windows=True):
@@ -174,11 +172,11 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
         space = vault_index.vectors if vault_index is not None else None
         if space is not None:
             stack.enter_context(space.lock)
-        with store.lock:
+        with store.exclusive():
             pairs = live_fragment_keys(store, legacy=True)  # raises VaultLocked when locked meanwhile
             keep = {new for new, _ in pairs}
             rename = _legacy_rename(pairs)  # a sidecar not re-keyed yet keeps its live vectors
-            sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+            sealer = store.keys.sealer(crypto.LABEL_VECTORS)
             try:
                 spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
                 for path in list_sidecars(store.dir):
@@ -218,7 +216,7 @@ def sealed_status(
     identity this vault used last (local or remote as ``remote`` says) from its space list. Reads
     the space list and one sidecar's keys; embeds nothing and builds no index. None when unknown.
     """
-    sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
+    sealer = store.keys.sealer(crypto.LABEL_VECTORS)
     try:
         spaces = read_spaces(store.dir, vault_id=store.vault_id, open_=sealer.open)
         if identity is None:
@@ -230,7 +228,7 @@ def sealed_status(
             oid = max(used)[1]
             identity, dims = str(spaces[oid]["identity"]), int(str(spaces[oid]["dims"]))
         else:
-            oid = sidecar_id(store.key, identity)
+            oid = sidecar_id(store.keys, identity)
             if dims is None and oid in spaces:
                 dims = int(str(spaces[oid]["dims"]))
         path = sidecar_path(store.dir, oid)

@@ -77,10 +77,10 @@ class VectorSpace:
         self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turns.turn_windows)
         self.dims = dims
         self.max_vector_mib = max_vector_mib
-        self._sealer = crypto.Sealer(store.key, crypto.LABEL_VECTORS)
-        self._fp_key = crypto.subkey(store.key, crypto.LABEL_FINGERPRINT)  # keys vectors by content
+        self._sealer = store.keys.sealer(crypto.LABEL_VECTORS)
+        self._fp_key = store.keys.subkey(crypto.LABEL_FINGERPRINT)  # keys vectors by content
         self.sidecar = VectorStore(
-            sidecar_path(store.dir, sidecar_id(store.key, identity)),
+            sidecar_path(store.dir, sidecar_id(store.keys, identity)),
             vault_id=store.vault_id,
             identity=identity,
             dims=dims,

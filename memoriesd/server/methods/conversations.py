@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...conversations.capture import capture
 from ...conversations.transcripts import FORMATS, parse
+from ...vault.live import VaultLock
 from ..context import Context
 from ..method import Method
 from .records import MAX_TITLE, _changed
@@ -24,7 +25,8 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
     """Parse the conversation(s) in ``text`` and store each session as a record (created, unchanged
     or revised); then extraction, when asked and allowed (the hook at the end)."""
     p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    vault = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    store = vault.store
     text = p.text("text", allow_surrogates=True)  # parse() refuses a lone surrogate, naming its line
     fmt = p.choice("format", FORMATS, "auto")
     title = p.text("title", None, max_len=MAX_TITLE)
@@ -33,7 +35,7 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
     extract = p.flag("extract", True)
     convs = parse(text, fmt, title=title or None, date=date or None, session_id=session_id or None)
     ctx.check_cancelled()
-    with app.vaults.live_of(store).mutex("capture"):
+    with vault.hold(VaultLock.CAPTURE):
         done = capture(store, convs, title_given=bool(title), skip_private=ctx.grant is not None, check=ctx.check_cancelled)
     changed = [c for c in done if c.status != "unchanged"]
     if changed:
@@ -49,7 +51,7 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
         from .extract import after_capture
 
         latest = {c.record.id: c.record for c in changed}  # a session twice in one file: its last revision
-        out["extraction"] = after_capture(app, store, list(latest.values()), ctx)
+        out["extraction"] = after_capture(app, vault, list(latest.values()), ctx)
     return out
 
 

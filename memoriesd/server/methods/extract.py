@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import MemoriesError
 from ...memory.extract import MAX_SEND_TOKENS, PATHS, ExtractRequest, extract, extract_enabled
+from ...vault.live import LiveVault
 from ...vault.records import Record
-from ...vault.store import VaultStore
 from ..context import Context
 from ..method import Method
 
@@ -30,9 +30,10 @@ OFF_NOTICE = "extraction is off for this vault: nothing was extracted (`memories
 def memory_extract(app: App, ctx: Context) -> dict[str, Any]:
     """Extract facts (and with a model, a summary) from one conversation record."""
     p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    vault = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    store = vault.store
     req = ExtractRequest(p.text("record", allow_empty=False, max_len=100), p.choice("path", PATHS, "auto"))
-    out = extract(app, store, req, ctx)
+    out = extract(app, vault, req, ctx)
     if not extract_enabled(store):
         out["notices"].append("extraction after capture is off for this vault; this record was extracted because you asked for it")
     return out
@@ -47,9 +48,10 @@ def _grant_may_ask(app: App, ctx: Context) -> bool:
     return "ask" in rec.get("scopes", ())
 
 
-def after_capture(app: App, store: VaultStore, records: list[Record], ctx: Context) -> dict[str, Any]:
+def after_capture(app: App, vault: LiveVault, records: list[Record], ctx: Context) -> dict[str, Any]:
     """The ``extraction`` of a ``memory.capture`` reply for the records it created or revised:
     ``{path, summary, facts, rejected, notices, records: [{id, revision, path, facts, summary?, error?}]}``."""
+    store = vault.store
     if not extract_enabled(store):
         return {"path": "off", "summary": None, "facts": [], "rejected": 0, "notices": [OFF_NOTICE], "records": []}
     may_ask = _grant_may_ask(app, ctx)
@@ -66,7 +68,7 @@ def after_capture(app: App, store: VaultStore, records: list[Record], ctx: Conte
         path = "auto" if i < MAX_MODEL_RECORDS else "patterns"
         req = ExtractRequest(rec.id, path, skip_private=ctx.grant is not None, model_allowed=may_ask)
         try:
-            got = extract(app, store, req, ctx)
+            got = extract(app, vault, req, ctx)
         except MemoriesError as exc:
             per.append({"id": rec.id, "revision": rec.revision, "path": "failed", "facts": 0,
                         "error": {"code": exc.code, "message": exc.message}})

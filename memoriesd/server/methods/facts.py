@@ -17,8 +17,8 @@ from ...memory.forget import SCOPES, purge, select_all, select_ids, select_query
 from ...memory.packs import build_pack
 from ...memory.recalls import recalls_of
 from ...rag.search import MODES
+from ...vault.live import LiveVault, VaultLock
 from ...vault.records import KINDS
-from ...vault.store import VaultStore
 from ..context import Context
 from ..method import Method
 from .records import _changed, _tags
@@ -30,14 +30,15 @@ if TYPE_CHECKING:
 MAX_IDS = 10_000
 
 
-def _store(app: App, ctx: Context) -> VaultStore:
+def _lease(app: App, ctx: Context) -> LiveVault:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
 def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
     """Add a fact, or revise the current fact it restates (``action``: added, updated, unchanged)."""
     p = ctx.params
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     req = RememberRequest(
         text=p.text("text"),  # the length is checked by remember(), with a hint for long text
         category=p.choice("category", CATEGORIES, "fact"),
@@ -46,8 +47,8 @@ def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
         tags=_tags(p.texts("tags", [])),
         skip_private=ctx.grant is not None,  # an agent's fact never revises (nor reveals) a private one
     )
-    with app.vaults.live_of(store).mutex("facts"):
-        outcome = remember(app.rag, store, req, ctx)
+    with vault.hold(VaultLock.FACTS):
+        outcome = remember(app.rag, vault, req, ctx)
     if outcome.action != "unchanged":
         _changed(app, store, outcome.record)
     return outcome.to_dict()
@@ -55,18 +56,20 @@ def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
 
 def memory_facts(app: App, ctx: Context) -> dict[str, Any]:
     """The current facts (optionally of one category) with their recall counters."""
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     category = ctx.params.choice("category", CATEGORIES, None)
     order = {c: i for i, c in enumerate(CATEGORIES)}
     facts = sorted(current_facts(store, category), key=lambda r: (order.get(str(r.meta.get("category")), 99), -r.updated, r.id))
-    recalls = recalls_of(app, store)
+    recalls = recalls_of(vault)
     return {"facts": [fact_view(f, recalls.get(f.id)) for f in facts]}
 
 
 def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
     """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them."""
     p = ctx.params
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     ids = p.texts("ids", [])
     query = p.text("query", None, max_len=10_000)
     everything = p.flag("all", False)
@@ -80,14 +83,14 @@ def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
     if len(ids) > MAX_IDS:
         raise UsageError(f"at most {MAX_IDS:,} ids per forget")
     notices: list[str] = []
-    with app.vaults.live_of(store).mutex("facts"):
+    with vault.hold(VaultLock.FACTS):
         if ids:
             targets = select_ids(store, ids)
         elif everything:
             targets = select_all(store, kind)
         else:
             assert query is not None  # exactly one of ids, all, query (checked above)
-            targets, notices = select_query(app.rag, store, query, scope, ctx)
+            targets, notices = select_query(app.rag, vault, query, scope, ctx)
         if ctx.grant is not None:
             from ..grants import granted_targets
 
@@ -106,7 +109,7 @@ def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
         ctx.check_cancelled()
         # Checked again under the store lock right before the deletions are committed: a grant revoked
         # or expired by then (or a client gone) forgets nothing.
-        out.update(purge(app, store, [t.record.id for t in targets], check=ctx.check_cancelled, notices=notices))
+        out.update(purge(app, vault, [t.record.id for t in targets], check=ctx.check_cancelled, notices=notices))
     return out
 
 
@@ -114,14 +117,14 @@ def rag_context(app: App, ctx: Context) -> dict[str, Any]:
     """A token-budgeted context pack for a query: profile first, then the most relevant memories."""
     from .search import search_filter
 
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
     p = ctx.params
     budget = p.integer("budget", app.config.context.budget)
     flt = search_filter(p)
     if p.flag("cards_only", False):  # a cards-only grant: the pack holds cards only
         flt = flt.only_cards()
     mode = p.choice("mode", MODES, None)
-    return build_pack(app, store, p.text("query", max_len=10_000), budget, ctx, flt, mode)
+    return build_pack(app, vault, p.text("query", max_len=10_000), budget, ctx, flt, mode)
 
 
 

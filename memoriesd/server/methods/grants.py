@@ -51,13 +51,12 @@ def _grant_view(vault_id: str, rec: dict[str, Any], uses: GrantUses) -> dict[str
 
 
 def _grants_of(store: VaultStore) -> list[dict[str, Any]]:
-    with store.lock:
-        return [dict(v) for k, v in store.settings.items() if k.startswith(SETTING_PREFIX) and isinstance(v, dict)]
+    return [dict(v) for v in store.setting_items(SETTING_PREFIX).values() if isinstance(v, dict)]
 
 
 def grant_create(app: App, ctx: Context) -> dict[str, Any]:
     p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    store = app.vaults.use(p.text("vault", allow_empty=False), ctx).store
     scopes = p.texts("scopes", list(DEFAULT_SCOPES))
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
@@ -102,11 +101,11 @@ def grant_list(app: App, ctx: Context) -> dict[str, Any]:
     grants: list[dict[str, Any]] = []
     locked: list[str] = []
     for vid in ids:
-        store = app.vaults.use(vid, ctx) if ref else app.vaults.try_use(vid, ctx)
-        if store is None:
+        vault = app.vaults.use(vid, ctx) if ref else app.vaults.try_use(vid, ctx)
+        if vault is None:
             locked.append(vid)
             continue
-        grants.extend(_grant_view(vid, rec, uses) for rec in _grants_of(store))
+        grants.extend(_grant_view(vid, rec, uses) for rec in _grants_of(vault.store))
     grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
     return {"grants": grants, "locked_vaults": locked}
 
@@ -114,8 +113,8 @@ def grant_list(app: App, ctx: Context) -> dict[str, Any]:
 def grant_revoke(app: App, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     if p.flag("all", False):
-        store = app.vaults.use(p.text("vault", allow_empty=False), ctx)
-        with store.lock:  # read and delete together: a grant in use cannot be written back between
+        store = app.vaults.use(p.text("vault", allow_empty=False), ctx).store
+        with store.exclusive():  # read and delete together: a grant in use cannot be written back between
             ids = sorted(str(r["id"]) for r in _grants_of(store))
             store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])
         log.info("revoked %d grants of vault %s", len(ids), store.vault_id)
@@ -127,8 +126,8 @@ def grant_revoke(app: App, ctx: Context) -> dict[str, Any]:
         if held is None:
             locked = True
             continue
-        store = held
-        with store.lock:
+        store = held.store
+        with store.exclusive():
             found = SETTING_PREFIX + grant_id in store.settings
             if found:
                 store.commit([Setting(SETTING_PREFIX + grant_id, None)])

@@ -14,6 +14,7 @@ from ...rag.engine import INSTALL_HINT, RagEngine
 from ...rag.filters import RecordFilter, make_filter
 from ...rag.fusion import FUSIONS, Candidate
 from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
+from ...vault.live import LiveVault, VaultLock
 from ...vault.store import VaultStore
 from ..config_watch import name_config_path
 from ..context import Context, Params
@@ -25,7 +26,7 @@ def _engine(app: App) -> RagEngine:
     return app.rag
 
 
-def _store(app: App, ctx: Context) -> VaultStore:
+def _lease(app: App, ctx: Context) -> LiveVault:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
@@ -122,13 +123,14 @@ def memory_search(app: App, ctx: Context) -> dict[str, Any]:
     index's bound of 10,000 fragments.
     Records a grant may not see are skipped here, so they do not take the place of visible ones.
     """
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     req = _search_request(ctx)
     limit = req.limit
     req.mode = req.mode or "bm25"
     if 1 <= limit <= 100:  # else run_search reports the range error
         req.limit = _FIRST_FRAGMENTS
-    out = run_search(_engine(app), store, req, ctx)
+    out = run_search(_engine(app), vault, req, ctx)
     hits = _best_per_record(store, out.index, out.hits, limit, req.cards_only, req.filters)
     bm25 = out.index.bm25
     fetched = _FIRST_FRAGMENTS
@@ -145,16 +147,16 @@ def memory_search(app: App, ctx: Context) -> dict[str, Any]:
         more = len(res.hits) >= fetched
     out.hits = hits
     results = document_results(out, limit)
-    note_recalls(app, store, [r["id"] for r in results])  # a fact found is a fact recalled
+    note_recalls(vault, [r["id"] for r in results])  # a fact found is a fact recalled
     return {"mode": out.mode, "results": results, "ignored_terms": out.ignored_terms, "notices": out.notices}
 
 
 def rag_search(app: App, ctx: Context) -> dict[str, Any]:
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
     req = _search_request(ctx)
-    out = run_search(_engine(app), store, req, ctx)
+    out = run_search(_engine(app), vault, req, ctx)
     results = fragment_results(out)
-    note_recalls(app, store, [r["record_id"] for r in results])  # a fact found is a fact recalled
+    note_recalls(vault, [r["record_id"] for r in results])  # a fact found is a fact recalled
     return {
         "mode": out.mode,
         "results": results,
@@ -168,7 +170,9 @@ def rag_search(app: App, ctx: Context) -> dict[str, Any]:
 def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
     from ...rag.ingest import IngestRequest, run_ingest
 
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+
+    store = vault.store
     p = ctx.params
     req = IngestRequest(
         paths=p.texts("paths", []),
@@ -181,7 +185,7 @@ def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
     )
     max_bytes = int(app.config.vault.max_document_mib * 1024 * 1024)
     # One ingest at a time per vault: two ingests of one folder must not make two cards of a file.
-    with app.vaults.live_of(store).mutex("ingest"):
+    with vault.hold(VaultLock.INGEST):
         report = run_ingest(store, req, ctx, max_bytes=max_bytes).to_dict()
     if report["added"] or report["updated"]:
         _engine(app).background.request(store.vault_id)
@@ -189,7 +193,8 @@ def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def rag_status(app: App, ctx: Context) -> dict[str, Any]:
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     out = _engine(app).status(store)
     if out.get("cap_error"):  # a cap error shown inside the status names the config file, as an error frame does
         out["cap_error"] = name_config_path(out["cap_error"], app.home.config_path, "cap_exceeded")
@@ -205,14 +210,15 @@ def rag_watch_reload(app: App, ctx: Context) -> dict[str, Any]:
 def rag_index(app: App, ctx: Context) -> dict[str, Any]:
     """Embed fragments that lack a vector, within the operation budget; returns how far it got."""
     engine = _engine(app)
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     if not engine.embedding_available():
         raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
     budget = ctx.params.number("budget_seconds", app.config.index.budget_seconds)
     budget = max(0.1, min(budget, app.config.index.budget_seconds))
     if engine.background.enabled():
         return _attach_to_background(engine, store, ctx, budget)
-    idx = engine.vault_index(store)
+    idx = engine.vault_index(vault)
     embedder = engine.embedder()
     space = engine.vector_space(store, idx, embedder)
     missing = space.missing(idx)
@@ -289,10 +295,10 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
 def rag_ask(app: App, ctx: Context) -> dict[str, Any]:
     from ...rag.ask import ask
 
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
     req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface
-    out = ask(_engine(app), store, req.query, req, ctx)
-    note_recalls(app, store, [c["record_id"] for c in out.get("citations", [])])
+    out = ask(_engine(app), vault, req.query, req, ctx)
+    note_recalls(vault, [c["record_id"] for c in out.get("citations", [])])
     return out
 
 

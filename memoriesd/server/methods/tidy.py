@@ -20,27 +20,28 @@ from ...memory.tidy import (
     prune,
     summarize,
 )
-from ...vault.store import VaultStore
+from ...vault.live import LiveVault
 from ..context import Context
 from ..method import Method
 
 if TYPE_CHECKING:
     from ..app import App
-def _store(app: App, ctx: Context) -> VaultStore:
+def _lease(app: App, ctx: Context) -> LiveVault:
     return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
 def memory_summarize(app: App, ctx: Context) -> dict[str, Any]:
     """Condense old conversations (or facts) into summary records; ``apply`` false: only list them."""
     p = ctx.params
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
+    store = vault.store
     req = SummarizeRequest(
         kind=p.choice("kind", SUMMARIZE_KINDS, SUMMARIZE_KINDS[0]),
         older_than=p.integer("older_than", lo=0, hi=MAX_DAYS),
         apply=p.flag("apply", False),
         batch_tokens=p.integer("batch_tokens", DEFAULT_BATCH_TOKENS, lo=MIN_BATCH_TOKENS, hi=MAX_BATCH_TOKENS),
     )
-    out = summarize(app, store, req, ctx)
+    out = summarize(app, vault, req, ctx)
     if out["summaries"] and app.rag is not None:
         app.rag.background.request(store.vault_id)  # the summaries are indexed like any new record
     return out
@@ -49,14 +50,14 @@ def memory_summarize(app: App, ctx: Context) -> dict[str, Any]:
 def memory_prune(app: App, ctx: Context) -> dict[str, Any]:
     """Forget stale facts for real; ``apply`` false: only list them."""
     p = ctx.params
-    store = _store(app, ctx)
+    vault = _lease(app, ctx)
     req = PruneRequest(
         older_than=p.integer("older_than", None, lo=0, hi=MAX_DAYS),
         below_importance=p.number("below_importance", None),
         never_recalled=p.flag("never_recalled", False),
         apply=p.flag("apply", False),
     )
-    return prune(app, store, req, ctx)
+    return prune(app, vault, req, ctx)
 
 
 

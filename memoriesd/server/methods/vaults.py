@@ -94,7 +94,7 @@ def vault_create(app: App, ctx: Context) -> dict[str, Any]:
         store = app.vaults.create(name, pw)
     finally:
         _wipe(pw)
-    store = app.vaults.use(store.vault_id, ctx)  # a lease: a lock from now on waits for this request
+    store = app.vaults.use(store.vault_id, ctx).store  # a lease: a lock from now on waits for this request
     out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "notices": []}
     if device_only:
         store.commit([Setting("policy.device_only", True)])
@@ -125,7 +125,7 @@ def vault_unlock(app: App, ctx: Context) -> dict[str, Any]:
         _wipe(pw)
     out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "locked": False, "notices": []}
     if remember:
-        _remember(app, app.vaults.use(store.vault_id, ctx), out)
+        _remember(app, app.vaults.use(store.vault_id, ctx).store, out)
     return out
 
 
@@ -180,7 +180,7 @@ def vault_delete(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def vault_compact(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
     t0 = time.perf_counter()
     stats: dict[str, Any] = dict(store.compact(app.config.vault.keep_revisions))
     if app.rag is not None:
@@ -198,7 +198,7 @@ def vault_compact(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def vault_policy(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
+    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
     device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
