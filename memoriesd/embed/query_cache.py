@@ -1,6 +1,6 @@
 """Query vectors kept in daemon memory: a repeated search does not embed its query again.
 
-An LRU of at most ``QUERY_CACHE_ITEMS`` vectors (:mod:`memoriesd.rag.engine`), each used for ``QUERY_CACHE_SECONDS``
+An LRU of at most ``QUERY_CACHE_ITEMS`` vectors (:mod:`memoriesd.embed.service`), each used for ``QUERY_CACHE_SECONDS``
 after it was computed. The key is the vault, the embedder's identity (weights, prompts,
 dimensions, or the remote service and model), its query prompt and the query text: a different
 model or prompt never reuses a vector. Entries live only in memory (never sealed, never written)
