@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-from memoriesd.rag.query_cache import QueryCache  # noqa: E402
+from memoriesd.embed.query_cache import QueryCache  # noqa: E402
 from tests.conftest import Daemon, cli_json, create_vault, write_config  # noqa: E402
 
 TOPICS = ["tea", "mountains", "piano", "taxes", "gardening", "sailing", "bread", "chess", "trains", "birds"]

@@ -131,7 +131,7 @@ def vault_process_main(argv: list[str]) -> None:
         app.workers = role
         role.app = app
         # The local model lives in the model process, which the router ends when this vault locks.
-        app.rag.local_factory = lambda *_a, **_k: ModelClient(home, role.vault_id)
+        app.rag.embedding.local_factory = lambda *_a, **_k: ModelClient(home, role.vault_id)
         server = Server(app)
         server.socket_path = Path(args.socket)
         asyncio.run(server.run())

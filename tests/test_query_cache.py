@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from memoriesd.config import load_config
+from memoriesd.embed.query_cache import QueryCache, cache_key
 from memoriesd.home import Home
 from memoriesd.main import build_app
-from memoriesd.rag.query_cache import QueryCache, cache_key
 from memoriesd.server.app import App
 from memoriesd.server.context import Context, Params
 
@@ -84,14 +84,14 @@ def test_a_repeated_search_reuses_the_query_vector_until_the_vault_locks(app: Ap
     other = _call(app, "vault.create", name="other", passphrase=PW)["vault_id"]
     _call(app, "memory.add", vault=vid, title="Tea", body="Green tea in the afternoon, oolong on Sundays.")
     _call(app, "memory.add", vault=other, title="Coffee", body="Espresso after lunch.")
-    cache = app.rag.query_cache
+    cache = app.rag.embedding.query_cache
     first = _call(app, "rag.search", vault=vid, query="which tea on sunday", mode="vector")
     assert (cache.hits, cache.misses) == (0, 1)
     again = _call(app, "rag.search", vault=vid, query="which tea on sunday", mode="vector")
     assert (cache.hits, cache.misses) == (1, 1)
     assert [r["cosine"] for r in again["results"]] == [r["cosine"] for r in first["results"]]
     # The cached vector is the one the model computes.
-    embedder = app.rag.embedder()
+    embedder = app.rag.embedding.embedder()
     cached = cache.get(cache_key(vid, embedder, "which tea on sunday"))
     assert cached is not None
     assert np.allclose(cached, embedder.embed_queries(["which tea on sunday"])[0], atol=1e-6)

@@ -32,6 +32,7 @@ from .profile import (
     resolve_profile,
     weight_files,
 )
+from .types import Check
 
 # Must happen before onnxruntime is first imported anywhere in the process.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -86,7 +87,7 @@ def _unavailable(model_dir: Path, what: str) -> ModelUnavailable:
     return ModelUnavailable(f"the local embedding model in {model_dir} {what}: {INSTALL_HINT}")
 
 
-def _int_or(value: Any, default: int) -> int:
+def _int_or(value: object, default: int) -> int:
     if isinstance(value, list) and value:
         value = value[0]
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -101,6 +102,8 @@ class LocalEmbedder:
     Safe to call from one worker thread at a time per method call; onnxruntime
     releases the GIL while it runs.
     """
+
+    remote = False  # runs in this process (memoriesd.embed.types.Embedder)
 
     def __init__(
         self,
@@ -304,8 +307,10 @@ class LocalEmbedder:
                 on_batch(done)
         return result
 
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, dims) float32 unit vectors for search queries (query prompt applied)."""
+    def embed_queries(self, texts: Sequence[str], *, before_attempt: Check | None = None) -> np.ndarray:
+        """(n, dims) float32 unit vectors for search queries (query prompt applied).
+
+        ``before_attempt`` is for remote services (:class:`memoriesd.embed.types.Embedder`): unused here."""
         prompted = [format_query(self.profile, t) for t in texts]
         return self._embed_texts(prompted, lambda lengths: plan_batches(lengths, 8192))
 
@@ -315,6 +320,7 @@ class LocalEmbedder:
         *,
         batch_tokens: int = 8192,
         on_batch: Callable[[int], None] | None = None,
+        before_attempt: Check | None = None,
     ) -> np.ndarray:
         """(n, dims) float32 unit vectors for ``(title, fragment)`` items, in input order.
 

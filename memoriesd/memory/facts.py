@@ -28,13 +28,17 @@ import logging
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, CapExceeded, MemoriesError, ModelUnavailable, UsageError
 from ..kinds.fact import CATEGORIES, KIND, category_of
 from ..vault.live import LiveVault
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
+
+if TYPE_CHECKING:
+    from ..embed.types import Cancellable
+    from ..rag.engine import RagEngine
 
 log = logging.getLogger("memoriesd.memory")
 
@@ -242,20 +246,25 @@ def profile_order(facts: list[Record]) -> list[Record]:
 # ---------------------------------------------------------------------------- matching
 
 
-def _similar_by_model(engine: Any, vault: LiveVault, facts: list[Record], text: str, ctx: Any) -> tuple[Record, float, bool] | None:
+def _similar_by_model(engine: RagEngine | None, vault: LiveVault, facts: list[Record], text: str,
+                      ctx: Cancellable) -> tuple[Record, float, bool] | None:
     """The most similar fact by cosine, and whether it passes the model's threshold; None when no
-    calibrated local model can judge (the caller falls back to the lexical rule)."""
+    calibrated local model can judge (the caller falls back to the lexical rule). Every fact's
+    vector is ensured first (all of them: a comparison needs each one), on the vector recipe."""
+    from ..rag.vector_view import open_view
+
     store = vault.store
-    if engine is None or not facts or not engine.embedding_available() or engine.remote_embedding():
+
+    if engine is None or not facts or engine.embedding.choice().source != "local":
         return None  # none, or a remote service: its cosines are not calibrated here
-    embedder = engine.embedder()
-    profile = getattr(embedder, "profile", None)
+    embedder = engine.embedding.embedder()
+    profile = embedder.profile
     if profile is None:
         return None
     for attempt in range(_ATTEMPTS):
         try:
             idx = engine.vault_index(vault)
-            space = engine.vector_space(store, idx, embedder)
+            view = open_view(engine, store, idx, embedder)
             if idx.bm25 is None:
                 return None
             owner: dict[int, Record] = {}
@@ -265,11 +274,8 @@ def _similar_by_model(engine: Any, vault: LiveVault, facts: list[Record], text: 
                         owner[fid] = rec
             if not owner:
                 return None
-            missing = [fid for fid in owner if fid not in space.index]
-            if missing:
-                engine.embed_missing(store, idx, space, embedder, missing, ctx)
-            vec = engine.embed_document(embedder, store, None, text, ctx)
-            pairs = space.search(vec, len(owner), allowed=set(owner))
+            view.ensure(ctx, limit=None, among=list(owner))
+            pairs = view.search(view.document_vector(None, text, ctx), len(owner), allowed=set(owner))
             break
         except Cancelled:
             if store.closed or attempt == _ATTEMPTS - 1:
@@ -281,7 +287,7 @@ def _similar_by_model(engine: Any, vault: LiveVault, facts: list[Record], text: 
     return owner[fid], float(score), score >= threshold
 
 
-def find_same(engine: Any, vault: LiveVault, req: RememberRequest, key: str, ctx: Any, notices: list[str]) -> Match | None:
+def find_same(engine: RagEngine | None, vault: LiveVault, req: RememberRequest, key: str, ctx: Cancellable, notices: list[str]) -> Match | None:
     """The current fact of the category that ``req`` restates or revises, if any (module docstring)."""
     store = vault.store
     facts = [f for f in current_facts(store, req.category) if not (req.skip_private and f.private)]
@@ -323,7 +329,7 @@ def find_same(engine: Any, vault: LiveVault, req: RememberRequest, key: str, ctx
 # ---------------------------------------------------------------------------- remember
 
 
-def remember(engine: Any, vault: LiveVault, req: RememberRequest, ctx: Any) -> Outcome:
+def remember(engine: RagEngine | None, vault: LiveVault, req: RememberRequest, ctx: Cancellable) -> Outcome:
     """Add a fact, or revise the current fact it restates (see the module docstring).
 
     The caller holds the vault's ``facts`` mutex, so two remembers of one fact cannot both add it.

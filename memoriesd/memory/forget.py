@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
@@ -38,6 +38,11 @@ from ..vault.live import LiveVault
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
 from .facts import fact_tokens
+
+if TYPE_CHECKING:
+    from ..embed.types import Cancellable
+    from ..index.caches import VaultIndex
+    from ..rag.engine import RagEngine
 
 log = logging.getLogger("memoriesd.memory")
 
@@ -119,7 +124,32 @@ def _history_matches(store: VaultStore, query: str) -> list[str]:
     return out
 
 
-def select_query(engine: Any, vault: LiveVault, query: str, scope: str, ctx: Any) -> tuple[list[Target], list[str]]:
+def _by_meaning(engine: RagEngine, store: VaultStore, idx: VaultIndex, query: str, ctx: Cancellable,
+                notices: list[str]) -> dict[str, float]:
+    """Each record's best cosine to ``query`` at or above the model's ``forget_min_cosine`` (none for a
+    service: its similarities are not calibrated). Missing vectors are embedded on demand as a search
+    does (:meth:`memoriesd.rag.vector_view.VectorView.ensure`); the rest are matched by words only."""
+    from ..rag.vector_view import open_view
+
+    embedder = engine.embedding.embedder()
+    floor = embedder.profile.forget_min_cosine if embedder.profile is not None else None
+    if floor is None:
+        notices.append("the embedding service's similarities are not calibrated for forgetting: only words were matched")
+        return {}
+    view = open_view(engine, store, idx, embedder)
+    coverage = view.ensure(ctx, limit=engine.config.search.on_demand_embed_limit)
+    if (notice := coverage.notice(words_only=True)) is not None:
+        notices.append(notice)
+    vector: dict[str, float] = {}
+    for fid, score in view.search(view.query_vector(query, ctx), max(1, idx.n_fragments()), min_score=floor):
+        got = idx.get_fragment(fid)
+        if got is not None:
+            rid = got[0].record_id
+            vector[rid] = max(vector.get(rid, score), score)
+    return vector
+
+
+def select_query(engine: RagEngine, vault: LiveVault, query: str, scope: str, ctx: Cancellable) -> tuple[list[Target], list[str]]:
     """Records on the topic of ``query`` (module docstring), best first; for ``specific`` the best one."""
     store = vault.store
     from ..rag.search import SearchRequest, _default_mode, run_search
@@ -139,27 +169,7 @@ def select_query(engine: Any, vault: LiveVault, query: str, scope: str, ctx: Any
             lexical[rid] = max(lexical.get(rid, h.score), h.score)
     vector: dict[str, float] = {}
     if _default_mode(engine, store) == "hybrid":
-        embedder = engine.embedder()
-        floor = getattr(getattr(embedder, "profile", None), "forget_min_cosine", None)
-        if floor is None:
-            notices.append("the embedding service's similarities are not calibrated for forgetting: only words were matched")
-        else:
-            space = engine.vector_space(store, idx, embedder)
-            missing = space.missing(idx)
-            limit = engine.config.search.on_demand_embed_limit
-            if missing:
-                engine.embed_missing(store, idx, space, embedder, missing[:limit], ctx)
-                if len(missing) > limit:
-                    notices.append(
-                        f"{len(missing) - limit:,} fragments have no vector yet and were matched by words only: "
-                        "run `memories rag index` first to match them by meaning too"
-                    )
-            qvec = engine.embed_query(embedder, store, query, ctx)
-            for fid, score in space.search(qvec, max(1, idx.n_fragments()), min_score=floor):
-                got = idx.get_fragment(fid)
-                if got is not None:
-                    rid = got[0].record_id
-                    vector[rid] = max(vector.get(rid, score), score)
+        vector = _by_meaning(engine, store, idx, query, ctx, notices)
     history = [rid for rid in _history_matches(store, query) if rid not in lexical and rid not in vector]
     ordered = sorted(vector, key=lambda r: (-vector[r], r))
     ordered += sorted((r for r in lexical if r not in vector), key=lambda r: (-lexical[r], r))
@@ -305,7 +315,7 @@ def purge(
     recalls_of(vault).drop(record_ids)
     out["preserved_files_removed"] = _remove_preserved(store)
     if engine is not None:
-        engine.query_cache.clear()
+        engine.embedding.query_cache.clear()
     log.info("vault %s: forgot %d record(s), %d revision(s); vault files rewritten", store.vault_id, forgotten, revisions)
     return out
 

@@ -44,7 +44,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..kinds.fact import KIND, category_of
@@ -54,6 +54,9 @@ from ..vault.records import Record
 from ..vault.store import VaultStore
 from .excerpt import excerpts
 from .facts import current_facts, profile_order
+
+if TYPE_CHECKING:
+    from ..embed.types import Tokenizing
 
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
@@ -83,13 +86,12 @@ def estimate_tokens(text: str) -> int:
 
 
 class TokenCounter:
-    """Counts with a local model's tokenizer (``embedder.count_tokens``), else :func:`estimate_tokens`."""
+    """Counts with a local model's tokenizer (:class:`memoriesd.embed.types.Tokenizing`), else :func:`estimate_tokens`."""
 
-    def __init__(self, embedder: Any = None) -> None:
-        count = getattr(embedder, "count_tokens", None)
-        self._count: Callable[[str], int] | None = count if callable(count) else None
+    def __init__(self, tokenizer: Tokenizing | None = None) -> None:
+        self._count: Callable[[str], int] | None = tokenizer.count_tokens if tokenizer is not None else None
         self.kind = "model" if self._count is not None else "estimate"
-        self._max = int(getattr(embedder, "max_tokens", 0) or 0)
+        self._max = int(tokenizer.max_tokens or 0) if tokenizer is not None else 0
         self._base = self._count("") if self._count is not None else 0  # the special tokens every count includes
 
     def __call__(self, text: str) -> int:
@@ -249,10 +251,10 @@ def select(
 
 def _counter(engine: Any) -> TokenCounter:
     """The local model's tokenizer when it is the vault's embedder, else the estimate."""
-    if engine is None or engine.remote_embedding() or not engine.local_model_present():
+    if engine is None:
         return TokenCounter(None)
     try:
-        return TokenCounter(engine.embedder())
+        return TokenCounter(engine.embedding.tokenizer())
     except Exception:  # noqa: BLE001 - a model that cannot load: the estimate
         return TokenCounter(None)
 

@@ -3,7 +3,7 @@
 With a local model available and ``[index] background = true`` (the default), a vault is queued
 after ``rag ingest``, a record change and unlock. The worker embeds its missing fragments in small
 chunks; each chunk takes a lease on the vault (so lock waits for at most one chunk, and cancels the
-rest), yields to query embedding (``RagEngine.embed_missing(..., background=True)``) and is sealed
+rest), yields to query embedding (``VectorView.ensure(..., background=True)``) and is sealed
 to disk as every batch is. It does not count as use of the vault: auto-lock still locks an idle
 vault, which pauses its job until the next unlock. A vault change during a chunk only drops that
 chunk; the job goes on with the new content. ``rag index`` attaches to the job instead of running
@@ -17,10 +17,15 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, MemoriesError, VaultLocked
+
+if TYPE_CHECKING:
+    from ..rag.engine import EngineHost, RagEngine
+    from ..vault.live import LiveVault
 
 log = logging.getLogger("memoriesd.indexing")
 
@@ -37,8 +42,8 @@ class _Work:
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
-        self.checks: list[Any] = []
-        self.leases: list[Any] = []
+        self.checks: list[Callable[[], None]] = []
+        self.leases: list[Callable[[], None]] = []
 
     def check_cancelled(self) -> None:
         if self.stop.is_set():
@@ -89,7 +94,7 @@ class Job:
 class BackgroundIndexer:
     """The one background worker of a daemon (see the module docstring)."""
 
-    def __init__(self, app: Any, engine: Any) -> None:
+    def __init__(self, app: EngineHost, engine: RagEngine) -> None:
         self.app = app
         self.engine = engine
         self._cond = threading.Condition()
@@ -103,7 +108,7 @@ class BackgroundIndexer:
     # ------------------------------------------------------------------ requests
 
     def enabled(self) -> bool:
-        return bool(self.engine.config.index.background) and self.engine.embedding_source()[0] == "local"
+        return bool(self.engine.config.index.background) and self.engine.embedding.choice().source == "local"
 
     def request(self, vault_id: str, *, first: bool = False) -> None:
         """Queue ``vault_id`` (``first``: ahead of the others, for `rag index`)."""
@@ -199,39 +204,7 @@ class BackgroundIndexer:
         ctx.leases.append(lambda: live.release(touch=False))
         ctx.checks.append(live.check)
         try:
-            engine = self.engine
-            store = live.store
-            idx = engine.vault_index(live)
-            embedder = engine.embedder()
-            space = engine.vector_space(store, idx, embedder)
-            missing = space.missing(idx)
-            total = idx.n_vectors(space.windows)
-            skipped = engine.skipped_count(space)
-            job = self.job(vault_id)
-            if job is not None and job.state != "running":
-                self._set(vault_id, state="running", started=time.monotonic(), error=None)
-            self._set(vault_id, total=total, embedded=total - len(missing) - skipped, skipped=skipped)
-            if not missing:
-                self._set(vault_id, state="done", rate=None)
-                log.info("background indexing of vault %s done (%d fragments)", vault_id, total)
-                return True
-            _hold_for_tests(ctx)
-            t0 = time.monotonic()
-            try:
-                n = engine.embed_missing(store, idx, space, embedder, missing[:CHUNK_FRAGMENTS], ctx, background=True)
-            except Cancelled:
-                if not live.is_open or self._stop.is_set():
-                    self._paused(vault_id)
-                    return True
-                return False  # the vault changed under the chunk: go on with the new content
-            dt = max(time.monotonic() - t0, 1e-6)
-            with self._cond:
-                job = self._jobs[vault_id]
-                recent = n / dt
-                job.rate = recent if job.rate is None else 0.7 * job.rate + 0.3 * recent
-                job.embedded = min(job.total, job.embedded + n)
-                self._cond.notify_all()
-            return False
+            return self._chunk(vault_id, live, ctx)
         except (VaultLocked, Cancelled):
             self._paused(vault_id)
             return True
@@ -241,6 +214,42 @@ class BackgroundIndexer:
             return True
         finally:
             ctx.release()
+
+    def _chunk(self, vault_id: str, live: LiveVault, ctx: _Work) -> bool:
+        """Record the job's counts, then embed up to :data:`CHUNK_FRAGMENTS` missing fragments
+        (yielding to foreground embeddings) on the vector recipe. True when the job is over."""
+        from ..rag.vector_view import open_view
+
+        engine = self.engine
+        store = live.store
+        view = open_view(engine, store, engine.vault_index(live))
+        missing = len(view.missing())
+        total, skipped = view.total, view.skipped
+        job = self.job(vault_id)
+        if job is not None and job.state != "running":
+            self._set(vault_id, state="running", started=time.monotonic(), error=None)
+        self._set(vault_id, total=total, embedded=total - missing - skipped, skipped=skipped)
+        if not missing:
+            self._set(vault_id, state="done", rate=None)
+            log.info("background indexing of vault %s done (%d fragments)", vault_id, total)
+            return True
+        _hold_for_tests(ctx)
+        t0 = time.monotonic()
+        try:
+            n = view.ensure(ctx, limit=CHUNK_FRAGMENTS, background=True).embedded
+        except Cancelled:
+            if not live.is_open or self._stop.is_set():
+                self._paused(vault_id)
+                return True
+            return False  # the vault changed under the chunk: go on with the new content
+        dt = max(time.monotonic() - t0, 1e-6)
+        with self._cond:
+            job = self._jobs[vault_id]
+            recent = n / dt
+            job.rate = recent if job.rate is None else 0.7 * job.rate + 0.3 * recent
+            job.embedded = min(job.total, job.embedded + n)
+            self._cond.notify_all()
+        return False
 
 
 def _hold_for_tests(ctx: _Work) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from ..errors import DeviceOnly
 from ..urls import host_of, is_loopback_url
+from ..vault.store import VaultStore
 
-__all__ = ["check_device_policy"]
+__all__ = ["check_device_policy", "check_store_policy"]
 
 
 def check_device_policy(device_only: bool, url: str, what: str) -> None:
@@ -29,3 +30,8 @@ def check_device_policy(device_only: bool, url: str, what: str) -> None:
         "use local inference or a service on this device (127.0.0.1, ::1, localhost), "
         "or change the vault's device-only policy"
     )
+
+
+def check_store_policy(store: VaultStore, url: str, what: str) -> None:
+    """:func:`check_device_policy` for ``store`` (its ``policy.device_only`` setting)."""
+    check_device_policy(bool(store.settings.get("policy.device_only", False)), url, what)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ServiceConfig
+from ..embed.profile import ModelProfile
 from ..errors import ConfigError, GenerationNotConfigured, InvalidModelOutput
 from ..net.http_client import HttpClient
 from .remote_service import ServiceEndpoint
@@ -42,7 +43,7 @@ def _bad(purpose: str, host: str, why: str) -> InvalidModelOutput:
     )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return (type(value) is float or type(value) is int) and not isinstance(value, bool)
 
 
@@ -89,7 +90,12 @@ class RemoteEmbedder:
 
     ``identity`` names the vector space (protocol, host[:port], model, dimensions):
     vectors made under a different identity are not comparable and must be re-embedded.
+    ``remote``: texts leave this device's process (:class:`memoriesd.embed.types.Embedder`);
+    ``profile`` is None: a service's similarities are not calibrated here.
     """
+
+    remote = True
+    profile: ModelProfile | None = None
 
     def __init__(
         self,
@@ -291,7 +297,7 @@ class Generator:
             raise _gen_bad(self._ep.host, "an empty answer")
         return text
 
-    def _gemini_text(self, body: Any) -> str:
+    def _gemini_text(self, body: object) -> str:
         host = self._ep.host
         cands = body.get("candidates") if isinstance(body, dict) else None
         if not isinstance(cands, list) or not cands:
@@ -320,7 +326,7 @@ class Generator:
             texts.append(text or "")
         return "".join(texts)
 
-    def _compatible_text(self, body: Any) -> str:
+    def _compatible_text(self, body: object) -> str:
         host = self._ep.host
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -338,7 +344,7 @@ def _gen_bad(host: str, why: str) -> InvalidModelOutput:
     return InvalidModelOutput(f"the generation service at {host} returned {why}: ask again or check the model")
 
 
-def _check_finish(host: str, reason: Any, *, ok: tuple[str | None, ...], cut: tuple[str, ...]) -> None:
+def _check_finish(host: str, reason: object, *, ok: tuple[str | None, ...], cut: tuple[str, ...]) -> None:
     """A truncated or refused answer is reported as such, rather than as broken JSON later."""
     if reason in ok:
         return

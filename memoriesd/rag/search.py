@@ -22,28 +22,41 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
+
+from ..embed.service import INSTALL_HINT
+from ..embed.types import Cancellable, Embedder
 from ..errors import ModelInputFailed, ModelUnavailable, QueryInvalid
 from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
+from ..index.docs import IndexedDoc
 from ..kinds.card import KIND as CARD
 from ..kinds.registry import kind_of
-from ..text.humanize import duration
+from ..text.fragments import Fragment
 from ..vault.live import LiveVault
 from ..vault.store import VaultStore
-from .engine import INSTALL_HINT, RagEngine
+from .engine import RagEngine
 from .filters import Allowed, RecordFilter, overlaps
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
+from .vector_view import open_view
 
 MODES = ("bm25", "vector", "hybrid")
 MATCH_MODES = ("any", "all", "phrase")
 SNIPPET_CHARS = 200
-#: While the background indexer works on a vault, a search still embeds this few missing fragments
-#: itself (a note just added), not more.
-BACKGROUND_ON_DEMAND = 8
 DEFAULT_RRF_K = 60  # `rag search --rrf-k` (was [rag] rrf_k)
 DEFAULT_FUSION = "convex"  # `rag search --fusion` (was [rag] fusion)
+
+
+class RecordRevision(Protocol):
+    """What names a record's revision: an indexed document, a context pack's item."""
+
+    @property
+    def record_id(self) -> str: ...
+
+    @property
+    def revision(self) -> int: ...
 
 
 @dataclass
@@ -77,7 +90,7 @@ class SearchOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     # The fragments this search found, as they were when found (a change during the search
     # releases them from the index, never from a result).
-    frags: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    frags: dict[int, tuple[IndexedDoc, Fragment]] = field(default_factory=dict)
     # With SearchRequest.windows: the closest turn window (its index) of each conversation
     # fragment the vector side found (memoriesd.index.vectors.windows).
     best_windows: dict[int, int] = field(default_factory=dict)
@@ -86,7 +99,7 @@ class SearchOutcome:
     scale: str | None = None
     _bodies: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
-    def line(self, doc: Any, start: int) -> int | None:
+    def line(self, doc: RecordRevision, start: int) -> int | None:
         """The 1-based line of the record body at byte ``start`` (a card's line in its source file)."""
         key = (doc.record_id, doc.revision)
         if key not in self._bodies:
@@ -101,7 +114,7 @@ class SearchOutcome:
     def relevance(self, score: float) -> int | None:
         return None if self.scale is None else round(100 * min(1.0, max(0.0, score)))
 
-    def fragment(self, frag_id: int) -> tuple[Any, Any] | None:
+    def fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment] | None:
         return self.frags.get(frag_id) or self.index.get_fragment(frag_id)
 
 
@@ -182,144 +195,172 @@ def _default_mode(engine: RagEngine, store: VaultStore) -> str:
     A remote embedding service is not usable for a device-only vault (unless it is on loopback):
     such a vault searches bm25 by default instead of failing with ``device_only``.
     """
-    return "bm25" if engine.vault_embedding_source(store)[0] == "none" else "hybrid"
+    return "bm25" if engine.embedding.vault_source(store)[0] == "none" else "hybrid"
 
 
-def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Any) -> SearchOutcome:
+@dataclass
+class _Search:
+    """One search under way: the request, its settings and what each step found."""
+
+    engine: RagEngine
+    store: VaultStore
+    req: SearchRequest
+    ctx: Cancellable
+    out: SearchOutcome
+    n_cand: int
+    records: Allowed | None  # the records the filters keep (None: no filter)
+    bm25_ids: list[int] = field(default_factory=list)
+    bm25_scores: dict[int, float] = field(default_factory=dict)
+    vec_ids: list[int] = field(default_factory=list)
+    cosines: dict[int, float] = field(default_factory=dict)
+    embedder: Embedder | None = None
+    floor: float | None = None
+
+    @property
+    def narrowed(self) -> bool:
+        return self.req.cards_only or self.records is not None
+
+
+def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Cancellable) -> SearchOutcome:
+    """Search an unlocked vault: lexical and vector candidates, fused, above the relevance floor, reranked."""
     store = vault.store
     _check(req)
     t0 = time.perf_counter()
     idx = engine.vault_index(vault)
     assert idx.bm25 is not None
-    bm25 = idx.bm25
-    parsed = bm25.parse(req.query, req.match_mode)  # validates the query in every mode
+    parsed = idx.bm25.parse(req.query, req.match_mode)  # validates the query in every mode
     mode = req.mode or _default_mode(engine, store)
-    n_cand = req.candidates or engine.config.search.candidates
-    k = req.rrf_k or DEFAULT_RRF_K
     out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
-    # The records the filters keep (None: no filter); fragments of other records are never candidates.
+    # Fragments of records the filters leave out are never candidates.
     records = req.filters.allowed_records(store) if req.filters is not None and req.filters.active else None
-    narrowed = req.cards_only or records is not None
-    t_index = time.perf_counter()
-    out.timings["index_ms"] = (t_index - t0) * 1000
-
-    bm25_ids: list[int] = []
-    bm25_scores: dict[int, float] = {}
+    s = _Search(engine, store, req, ctx, out, req.candidates or engine.config.search.candidates, records)
+    out.timings["index_ms"] = (time.perf_counter() - t0) * 1000
     if mode in ("bm25", "hybrid"):
-        want = req.limit if (mode == "bm25" and not narrowed) else max(n_cand, req.limit)
-        if narrowed:
-            kept_hits, out.ignored_terms = _narrowed_bm25(idx, req, records, want)
-        else:
-            res = bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want, MAX_CANDIDATES))
-            out.ignored_terms, kept_hits = res.ignored_terms, res.hits
-        bm25_ids = [h.frag_id for h in kept_hits]
-        bm25_scores = {h.frag_id: h.score for h in kept_hits}
-        out.timings["bm25_ms"] = (time.perf_counter() - t_index) * 1000
-
-    vec_ids: list[int] = []
-    cosines: dict[int, float] = {}
-    embedder: Any = None
-    floor: float | None = None
+        _lexical(s)
     if mode in ("vector", "hybrid"):
-        t_vec = time.perf_counter()
-        if not engine.embedding_available():
-            raise ModelUnavailable(f"--mode {mode} needs an embedding model: {INSTALL_HINT}")
-        if engine.remote_embedding():  # the vault's policy first, before the client exists
-            engine.check_remote_policy(store, engine.config.embedding.service.url, "embedding")
-        embedder = engine.embedder()
-        space = engine.vector_space(store, idx, embedder)
-        missing = space.missing(idx)
-        limit = engine.config.search.on_demand_embed_limit
-        job = engine.background.job(store.vault_id) if engine.background.active(store.vault_id) else None
-        if job is not None and len(missing) > BACKGROUND_ON_DEMAND:
-            # Being embedded in the background: answer with what exists now, never wait behind it.
-            out.missing_vectors = len(missing)
-            eta = job.eta_seconds
-            out.notices.append(
-                f"{len(missing):,} fragments are still being embedded in the background, so vector results cover "
-                f"only part of the vault" + (f" (about {duration(eta)} left)" if eta else "")
-                + ": see `memories rag status`"
-            )
-        elif missing:
-            engine.embed_missing(store, idx, space, embedder, missing[:limit], ctx)
-            rest = len(missing) - min(len(missing), limit)
-            if rest:
-                out.missing_vectors = rest
-                out.notices.append(
-                    f"{rest:,} fragments have no vector yet, so vector results cover only part of the vault: "
-                    "run `memories rag index` to embed them"
-                )
-        t_embed = time.perf_counter()
-        try:
-            qvec: Any = engine.embed_query(embedder, store, req.query, ctx)
-            out.timings["query_embed_ms"] = (time.perf_counter() - t_embed) * 1000  # part of vector_ms
-        except ModelInputFailed:
-            if mode != "hybrid":
-                raise
-            qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so
-            out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
-        allowed: Any = None
-        if narrowed:
-            allowed = _allowed_fragments(idx, req, records)
-        floor = _floor(engine, embedder, req)
-        pairs = [] if qvec is None else space.search(qvec, max(n_cand, req.limit), allowed=allowed, windows=req.windows,
-                                                        best_windows=out.best_windows)
-        if req.match_mode != "any" and pairs:
-            keep = bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
-            pairs = [(fid, s) for fid, s in pairs if fid in keep]
-        vec_ids = [fid for fid, _ in pairs]
-        cosines = dict(pairs)
-        out.timings["vector_ms"] = (time.perf_counter() - t_vec) * 1000
-
-    texts = {}
-    titles = {}
-    for fid in set(bm25_ids) | set(vec_ids):
-        got = idx.get_fragment(fid)
-        if got is None:
-            continue
-        out.frags[fid] = got
-        texts[fid] = got[1].text
-        titles[fid] = got[0].title
-    bm25_ids = [fid for fid in bm25_ids if fid in out.frags]
-    vec_ids = [fid for fid in vec_ids if fid in out.frags]
-
+        _vector(s)
+    _collect(s)
     if mode == "bm25":
-        hits = [
-            Candidate(frag_id=fid, score=bm25_scores[fid], bm25_rank=i + 1, text=texts[fid], title=titles[fid])
-            for i, fid in enumerate(bm25_ids[: req.limit])
-        ]
+        out.hits = _bm25_hits(s)
     elif mode == "vector":
-        hits = [
-            Candidate(frag_id=fid, score=cosines[fid], vector_rank=i + 1, cosine=cosines[fid], text=texts[fid], title=titles[fid])
-            for i, fid in enumerate(vec_ids)
-        ]
-        hits = _above_floor(hits, floor, out)[: req.limit]
-        out.scale = "unit"
+        out.hits = _vector_hits(s)
     else:
-        fused = fuse(
-            bm25_ids[:n_cand], vec_ids[:n_cand], k=k, cosines=cosines, texts=texts, titles=titles,
-            vector_weight=req.vector_weight or engine.vector_weight(embedder),
-            method=req.fusion or DEFAULT_FUSION, bm25_scores=bm25_scores,
-        )
-        fused = _above_floor(fused, floor, out)
-        t_rr = time.perf_counter()
-        if req.rerank and fused:
-            fused = rerank(engine, store, req.query, fused[:n_cand], ctx, embedder=embedder)
-        out.timings["rerank_ms"] = (time.perf_counter() - t_rr) * 1000
-        hits = fused[: req.limit]
-        if (req.fusion or DEFAULT_FUSION) == "convex" and not (req.rerank and engine.config.rerank.configured):
-            out.scale = "unit"
-    out.hits = hits
+        out.hits = _rerank_step(s, _above_floor(_fuse(s), s.floor, out))
     out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
     return out
 
 
-def _floor(engine: RagEngine, embedder: Any, req: SearchRequest) -> float | None:
+def _lexical(s: _Search) -> None:
+    """BM25 candidates: ``limit`` of them for a plain bm25 search, else enough for fusion."""
+    t = time.perf_counter()
+    req, idx, out = s.req, s.out.index, s.out
+    assert idx.bm25 is not None
+    want = req.limit if (out.mode == "bm25" and not s.narrowed) else max(s.n_cand, req.limit)
+    if s.narrowed:
+        hits, out.ignored_terms = _narrowed_bm25(idx, req, s.records, want)
+    else:
+        res = idx.bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want, MAX_CANDIDATES))
+        out.ignored_terms, hits = res.ignored_terms, res.hits
+    s.bm25_ids = [h.frag_id for h in hits]
+    s.bm25_scores = {h.frag_id: h.score for h in hits}
+    out.timings["bm25_ms"] = (time.perf_counter() - t) * 1000
+
+
+def _vector(s: _Search) -> None:
+    """Vector candidates: missing vectors embedded on demand (:mod:`memoriesd.rag.vector_view`), then
+    the nearest allowed fragments; ``match_mode`` all/phrase keeps those BM25 also matches."""
+    t = time.perf_counter()
+    engine, req, out, idx = s.engine, s.req, s.out, s.out.index
+    if not engine.embedding.available():
+        raise ModelUnavailable(f"--mode {out.mode} needs an embedding model: {INSTALL_HINT}")
+    view = open_view(engine, s.store, idx)
+    s.embedder = view.embedder
+    coverage = view.ensure(s.ctx, limit=engine.config.search.on_demand_embed_limit)
+    if (notice := coverage.notice()) is not None:
+        out.missing_vectors = coverage.left
+        out.notices.append(notice)
+    t_embed = time.perf_counter()
+    try:
+        qvec: np.ndarray | None = view.query_vector(req.query, s.ctx)
+        out.timings["query_embed_ms"] = (time.perf_counter() - t_embed) * 1000  # part of vector_ms
+    except ModelInputFailed:
+        if out.mode != "hybrid":
+            raise
+        qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so
+        out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
+    allowed = _allowed_fragments(idx, req, s.records) if s.narrowed else None
+    s.floor = _floor(engine, view.embedder, req)
+    pairs = [] if qvec is None else view.search(qvec, max(s.n_cand, req.limit), allowed=allowed, windows=req.windows,
+                                                 best_windows=out.best_windows)
+    if req.match_mode != "any" and pairs:
+        assert idx.bm25 is not None
+        keep = idx.bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
+        pairs = [(fid, score) for fid, score in pairs if fid in keep]
+    s.vec_ids = [fid for fid, _ in pairs]
+    s.cosines = dict(pairs)
+    out.timings["vector_ms"] = (time.perf_counter() - t) * 1000
+
+
+def _collect(s: _Search) -> None:
+    """Keep the candidates' fragments as they are now (a change during the search releases them
+    from the index, never from a result); candidates gone meanwhile are dropped."""
+    out = s.out
+    for fid in set(s.bm25_ids) | set(s.vec_ids):
+        got = out.index.get_fragment(fid)
+        if got is not None:
+            out.frags[fid] = got
+    s.bm25_ids = [fid for fid in s.bm25_ids if fid in out.frags]
+    s.vec_ids = [fid for fid in s.vec_ids if fid in out.frags]
+
+
+def _bm25_hits(s: _Search) -> list[Candidate]:
+    frags = s.out.frags
+    return [
+        Candidate(frag_id=fid, score=s.bm25_scores[fid], bm25_rank=i + 1, text=frags[fid][1].text, title=frags[fid][0].title)
+        for i, fid in enumerate(s.bm25_ids[: s.req.limit])
+    ]
+
+
+def _vector_hits(s: _Search) -> list[Candidate]:
+    frags = s.out.frags
+    hits = [
+        Candidate(frag_id=fid, score=s.cosines[fid], vector_rank=i + 1, cosine=s.cosines[fid], text=frags[fid][1].text,
+                  title=frags[fid][0].title)
+        for i, fid in enumerate(s.vec_ids)
+    ]
+    s.out.scale = "unit"
+    return _above_floor(hits, s.floor, s.out)[: s.req.limit]
+
+
+def _fuse(s: _Search) -> list[Candidate]:
+    """Hybrid: the two candidate lists fused (``--fusion``: RRF or convex)."""
+    frags, req, engine = s.out.frags, s.req, s.engine
+    texts = {fid: got[1].text for fid, got in frags.items()}
+    titles = {fid: got[0].title for fid, got in frags.items()}
+    method = req.fusion or DEFAULT_FUSION
+    if method == "convex" and not (req.rerank and engine.config.rerank.configured):
+        s.out.scale = "unit"
+    return fuse(
+        s.bm25_ids[: s.n_cand], s.vec_ids[: s.n_cand], k=req.rrf_k or DEFAULT_RRF_K, cosines=s.cosines,
+        texts=texts, titles=titles, vector_weight=req.vector_weight or engine.embedding.vector_weight(s.embedder),
+        method=method, bm25_scores=s.bm25_scores,
+    )
+
+
+def _rerank_step(s: _Search, fused: list[Candidate]) -> list[Candidate]:
+    t = time.perf_counter()
+    if s.req.rerank and fused:
+        fused = rerank(s.engine, s.store, s.req.query, fused[: s.n_cand], s.ctx, embedder=s.embedder)
+    s.out.timings["rerank_ms"] = (time.perf_counter() - t) * 1000
+    return fused[: s.req.limit]
+
+
+def _floor(engine: RagEngine, embedder: Embedder, req: SearchRequest) -> float | None:
     """The cosine a candidate BM25 did not match needs: ``--min-score``, else (``evidence_floor``) the
     model's calibrated floor (``[search] min_cosine``); None = no floor (``--min-score -1``)."""
     floor = req.min_score
     if floor is None and req.evidence_floor:
-        floor = engine.evidence_floor(embedder)
+        floor = engine.embedding.evidence_floor(embedder)
     return None if floor is None or floor <= -1.0 else floor
 
 
@@ -341,7 +382,8 @@ def _above_floor(cands: list[Candidate], floor: float | None, out: SearchOutcome
 
 
 def rerank(
-    engine: RagEngine, store: VaultStore, query: str, candidates: list[Candidate], ctx: Any, *, embedder: Any = None
+    engine: RagEngine, store: VaultStore, query: str, candidates: list[Candidate], ctx: Cancellable, *,
+    embedder: Embedder | None = None,
 ) -> list[Candidate]:
     """The trained reranker service when configured, else the light heuristic where it helps.
 
@@ -354,7 +396,8 @@ def rerank(
         engine.check_remote_policy(store, svc.url, "rerank")
         scores = remote_rerank(engine.http_client(), svc, query, [c.text for c in candidates], os.environ, before_attempt=engine.operation_check(store, ctx))
         return order_by_scores(candidates, scores)
-    if not getattr(getattr(embedder, "profile", None), "light_rerank", True):
+    profile = embedder.profile if embedder is not None else None
+    if profile is not None and not profile.light_rerank:
         return candidates
     from ..text.segment import query_terms
 

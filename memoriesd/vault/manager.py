@@ -37,12 +37,13 @@ from ..errors import (
 from ..home import Home
 from . import crypto, fsio
 from .format import HEADER_NAME, Header, atomic_write, read_header
+from .headers import HeaderCache
 from .keywrap import KdfParams, unwrap_key
 from .live import LeaseScope, LiveVault, locked_error
 from .records import new_record_id
 from .rekey import RekeyParts, rekey
 from .remembered import KEYRING_SERVICE, KeyringUnreadable, forget_key, remember_key, remembered_key  # noqa: F401 - KEYRING_SERVICE: its old home
-from .store import VaultStore, public_header
+from .store import VaultStore
 
 log = logging.getLogger("memoriesd.vault")
 FAILURES_NAME = "unlock-failures"  # wrong-passphrase count (a plain integer: not secret)
@@ -67,6 +68,7 @@ class VaultManager:
         self._listeners: list[Callable[[str], None]] = []
         self._unlock_listeners: list[Callable[[str], None]] = []
         self.drain_seconds = 60.0  # how long a lock waits for in-flight operations
+        self._headers = HeaderCache()  # names and ids, parsed again only when a header.json changes
 
     # ------------------------------------------------------------------ discovery
 
@@ -80,7 +82,7 @@ class VaultManager:
             for d in sorted(self.home.vaults.iterdir()):
                 if not d.is_dir():
                     continue
-                info = public_header(d)
+                info = self._headers.public(d)
                 if info is None or info["vault_id"] != d.name:
                     # A header naming another vault (edited, or copied from another vault's directory) is
                     # damaged: listed under its directory so that unlock says vault_corrupt.
@@ -108,7 +110,7 @@ class VaultManager:
         raise VaultNotFound(f"no vault {ref}: see `memories vault list`, or create it with `memories vault create`")
 
     def name_of(self, vault_id: str) -> str:
-        info = public_header(self.home.vaults / vault_id)
+        info = self._headers.public(self.home.vaults / vault_id)
         return info["name"] if info else vault_id
 
     # ------------------------------------------------------------------ live vaults and leases

@@ -11,13 +11,14 @@ from __future__ import annotations
 import base64
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..embed.profile import ModelProfile
+from ..embed.types import Check, DocumentItem
 from ..errors import MemoriesError, ModelUnavailable
 from ..home import Home
 from ..server import protocol
@@ -72,6 +73,8 @@ def ask(path: str | Path, method: str, params: dict[str, Any], timeout: float | 
 class ModelClient:
     """An embedder served by the model process (see :mod:`memoriesd.workers.model`)."""
 
+    remote = False  # on this device (memoriesd.embed.types.Embedder): no device policy, before_attempt unused
+
     def __init__(self, home: Home, vault_id: str) -> None:
         self.home = home
         self.vault_id = vault_id
@@ -115,10 +118,10 @@ class ModelClient:
         raw = base64.b64decode(out["vectors"])
         return np.frombuffer(raw, dtype="<f4").reshape(int(out["rows"]), int(out["dims"])).astype(np.float32)
 
-    def embed_queries(self, texts: list[str] | tuple[str, ...]) -> np.ndarray:
+    def embed_queries(self, texts: Sequence[str], *, before_attempt: Check | None = None) -> np.ndarray:
         return self._vectors(self._call("model.embed", {"kind": "query", "texts": list(texts)}))
 
-    def embed_documents(self, items: Iterable[tuple[str, str]], **_: object) -> np.ndarray:
+    def embed_documents(self, items: Sequence[DocumentItem], *, before_attempt: Check | None = None) -> np.ndarray:
         pairs = [[title, text] for title, text in items]
         return self._vectors(self._call("model.embed", {"kind": "document", "items": pairs}))
 

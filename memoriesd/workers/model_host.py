@@ -42,7 +42,7 @@ class ModelHost:
     def _args(self) -> list[str]:
         app = self.router.app
         emb = app.config.embedding
-        return ["--home", str(app.home.root), "--model-dir", str(app.rag.model_dir()),
+        return ["--home", str(app.home.root), "--model-dir", str(app.rag.embedding.model_dir()),
                 "--threads", str(emb.local.threads), "--max-tokens", str(emb.max_tokens),
                 "--overrides", json.dumps(asdict(emb.overrides)), "--idle-seconds", str(emb.local.idle_minutes * 60)]
 

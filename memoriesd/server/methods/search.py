@@ -14,6 +14,7 @@ from ...rag.engine import INSTALL_HINT, RagEngine
 from ...rag.filters import RecordFilter, make_filter
 from ...rag.fusion import FUSIONS, Candidate
 from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
+from ...rag.vector_view import open_view
 from ...vault.live import LiveVault, VaultLock
 from ...vault.store import VaultStore
 from ..config_watch import name_config_path
@@ -212,17 +213,15 @@ def rag_index(app: App, ctx: Context) -> dict[str, Any]:
     engine = _engine(app)
     vault = _lease(app, ctx)
     store = vault.store
-    if not engine.embedding_available():
+    if not engine.embedding.available():
         raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
     budget = ctx.params.number("budget_seconds", app.config.index.budget_seconds)
     budget = max(0.1, min(budget, app.config.index.budget_seconds))
     if engine.background.enabled():
         return _attach_to_background(engine, store, ctx, budget)
-    idx = engine.vault_index(vault)
-    embedder = engine.embedder()
-    space = engine.vector_space(store, idx, embedder)
-    missing = space.missing(idx)
-    total = idx.n_vectors(space.windows)
+    view = open_view(engine, store, engine.vault_index(vault))
+    missing = view.missing()
+    total = view.total
     already = total - len(missing)
     t0 = time.monotonic()
     kept = [0]
@@ -234,15 +233,14 @@ def rag_index(app: App, ctx: Context) -> dict[str, Any]:
 
     changed = False
     try:
-        embedded = engine.embed_missing(
-            store, idx, space, embedder, missing, ctx, deadline=t0 + budget, progress=progress
-        )
+        embedded = view.ensure(ctx, limit=None, deadline=t0 + budget, progress=progress).embedded
     except Cancelled:
         if store.closed or store.generation == generation:
             raise  # locked or the client went away: the pass is over
         # The vault changed under the pass: finished batches are kept, the in-flight one was dropped,
         # and the caller starts the next pass on the new content (the CLI does so by itself).
         embedded, changed = kept[0], True
+    idx, space = view.idx, view.space
     skipped = len(space.skipped)
     return {
         "embedded": embedded,
@@ -316,7 +314,7 @@ def rag_model_install(app: App, ctx: Context) -> dict[str, Any]:
     report = install_model(manifest, dest, base_url=base, http=app.config.http, progress=ctx.send_progress, cancel=cancel)
     out = report.to_dict()
     out["dir"] = str(dest)
-    if dest != _engine(app).model_dir():
+    if dest != _engine(app).embedding.model_dir():
         out["notice"] = (
             f"set [embedding.local] model_dir = \"{dest}\" in {app.home.config_path} and run `memories daemon restart` "
             "to use this copy"

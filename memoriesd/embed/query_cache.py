@@ -1,6 +1,6 @@
 """Query vectors kept in daemon memory: a repeated search does not embed its query again.
 
-An LRU of at most ``QUERY_CACHE_ITEMS`` vectors (:mod:`memoriesd.rag.engine`), each used for ``QUERY_CACHE_SECONDS``
+An LRU of at most ``QUERY_CACHE_ITEMS`` vectors (:mod:`memoriesd.embed.service`), each used for ``QUERY_CACHE_SECONDS``
 after it was computed. The key is the vault, the embedder's identity (weights, prompts,
 dimensions, or the remote service and model), its query prompt and the query text: a different
 model or prompt never reuses a vector. Entries live only in memory (never sealed, never written)
@@ -15,19 +15,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..embed.types import Embedder
 
 Key = tuple[str, str, str, str]
 
 
-def cache_key(vault_id: str, embedder: Any, text: str) -> Key:
+def cache_key(vault_id: str, embedder: Embedder, text: str) -> Key:
     """What a query vector depends on: the vault, the embedder's identity and query prompt, the text."""
-    prompt = getattr(getattr(embedder, "profile", None), "query_prompt", None)
-    if prompt is None:
-        prompt = str(getattr(embedder, "query_prompt", "") or "")
-    return (vault_id, str(getattr(embedder, "identity", "")), prompt, text)
+    profile = embedder.profile
+    prompt = profile.query_prompt if profile is not None else ""
+    return (vault_id, str(embedder.identity), prompt, text)
 
 
 class QueryCache:
