@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Memory of the daemon at 100,000 fragments a vault; prints one JSON object.
 
-What the ``[rag.cache]`` defaults are sized from (README "Memory and the cache caps"):
+What the ``[index]`` cache caps are sized from (docs/benchmarks.md, "Memory and the cache caps"):
 
 - lexical: a real daemon (its RSS and peak RSS from /proc/PID/status) while two vaults of
   ``--fragments`` fragments each are built the user's way: Markdown files (tldr pages in English

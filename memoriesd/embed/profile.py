@@ -42,14 +42,14 @@ class ModelProfile:
     max_tokens: int
     query_prompt: str
     document_prompt: str | None
-    # Hybrid search default measured for this model (see README, "Quality and speed"): the vector
+    # Hybrid search default measured for this model (docs/benchmarks.md, "Quality and speed"): the vector
     # side's weight in the fusion, BM25's being 1 (convex: alpha = w / (1 + w)).
     vector_weight: float = 1.0
-    # `rag ask`'s evidence floor: vector neighbours under this cosine are not evidence (calibrated: README).
+    # `rag ask`'s evidence floor: vector neighbours under this cosine are not evidence (calibrated: docs/benchmarks.md).
     ask_min_cosine: float = 0.25
     # Whether the light reranker (term coverage and phrases over the fused candidates) helps this model.
     light_rerank: bool = True
-    # Facts (README, "Facts"; bench/calibrate_facts.py, defaults measured on all-MiniLM-L6-v2): two facts of
+    # Facts (docs/memory.md, "Facts"; bench/calibrate_facts.py, defaults measured on all-MiniLM-L6-v2): two facts of
     # one category are one fact at this cosine, or at fact_revise_cosine when the new one says it replaces
     # the old ("actually", "now", "switched"...); `memory forget --scope topic` takes vector matches from
     # forget_min_cosine (query to fragment).
@@ -64,7 +64,7 @@ GEMMA_PROFILE = ModelProfile(
     max_tokens=2048,
     query_prompt="task: search result | query: ",
     document_prompt="title: {title} | text: {text}",
-    # Convex fusion, measured through `rag ingest` (README): SciFact and XQuAD-zh are best near
+    # Convex fusion, measured through `rag ingest` (docs/benchmarks.md, "Fusion"): SciFact and XQuAD-zh are best near
     # alpha = 0.7, where BM25 adds what the much stronger vector side misses.
     vector_weight=2.5,
     # bench/calibrate_floor.py, SciFact and XQuAD-zh questions (off-topic: the other set's): 0.30 keeps

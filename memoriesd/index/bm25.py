@@ -321,7 +321,7 @@ class BM25Index:
         little to any score: FTS5 clamps the IDF of a term in more than half of
         the rows to 1e-6, and one in 30 % of them has an IDF of about 0.85
         against 5-9 for the terms that decide a ranking. Measured on SciFact
-        (``bench/bench_bm25.py``, README): leaving out terms above 30 % cuts
+        (``bench/bench_bm25.py``, docs/search.md "BM25"): leaving out terms above 30 % cuts
         the median query time by about a third for -0.002 nDCG@10 (0.6845 to
         0.6828); above 50 % it keeps the ranking exactly. The caller re-runs
         the full OR when the pruned query returns fewer rows than asked for, so
@@ -332,7 +332,7 @@ class BM25Index:
         (about 1 µs each): then the most common of the remaining terms are left
         out too, until the terms kept occur in at most PRUNE_ROW_BUDGET
         fragments together (the rarest term is always kept). Measured on
-        SciFact repeated to 100,000 fragments (README): the BM25 ``any`` median
+        SciFact repeated to 100,000 fragments (docs/search.md): the BM25 ``any`` median
         falls from 40 to 14 ms for -0.003 nDCG@10 (0.6732 to 0.6701); a vault
         of 10,000 fragments rarely reaches the budget. Caller holds the lock.
         """

@@ -31,7 +31,7 @@ from ..text.fragments import Fragment
 from ..vault.records import Record
 
 #: Turns an excerpt keeps: the best-matching turn with the one before (often the question) and the
-#: one after (often the answer). Measured with bench/eval_conversations.py (README, Conversations).
+#: one after (often the answer). Measured with bench/eval_conversations.py (docs/memory.md, "Conversations").
 EXCERPT_TURNS = 3
 
 

@@ -54,7 +54,7 @@ _ATTEMPTS = 3
 
 # ---------------------------------------------------------------------------- sameness rules
 # Pure functions (no numpy, no model); the thresholds they are compared with are calibrated by
-# bench/calibrate_facts.py (README, "Facts, forgetting and context packs").
+# bench/calibrate_facts.py (docs/memory.md, "Facts").
 
 #: Token-set Jaccard at or above which two facts of one category are the same fact when no
 #: embedding model is available. Calibrated with bench/calibrate_facts.py: on its 26 same /

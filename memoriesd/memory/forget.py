@@ -6,7 +6,7 @@ What is chosen (:func:`select_ids`, :func:`select_all`, :func:`select_query`):
 - ``--query Q --scope topic``: every searchable record on the topic, that is one whose current
   text has every term of the query (BM25, ``all`` mode, stemmed), or whose best fragment has a
   cosine to the query of at least the model's ``forget_min_cosine`` (calibrated per model:
-  README, "Forget"), or one of whose earlier revisions has every word of the query;
+  docs/memory.md, "Forget"), or one of whose earlier revisions has every word of the query;
 - ``--query Q --scope specific``: the best of those: the first of the hybrid search's ranking
   that is on the topic (else the closest by cosine, then by BM25, then by history);
 - ``--all``: every fact (``--kind K``: every record of that kind).

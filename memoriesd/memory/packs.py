@@ -62,7 +62,7 @@ CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
 RELEVANT_HEADING = "## Relevant memories"
 #: Share of the relevant block's room that whole conversation fragments may fill before the next
-#: ones come as excerpts chosen by their turn window (bench/eval_conversations.py; README).
+#: ones come as excerpts chosen by their turn window (bench/eval_conversations.py; docs/memory.md, "Context pack").
 WHOLE_SHARE = 0.5
 MIN_BUDGET = 32
 MAX_BUDGET = 1_000_000

@@ -387,7 +387,7 @@ def rerank(
 ) -> list[Candidate]:
     """The trained reranker service when configured, else the light heuristic where it helps.
 
-    The light heuristic runs unless the embedding model's profile turns it off (it was measured to cost quality with a strong model: README).
+    The light heuristic runs unless the embedding model's profile turns it off (it was measured to cost quality with a strong model: docs/benchmarks.md).
     """
     svc = engine.config.rerank
     if svc.configured:

@@ -61,7 +61,7 @@ def bound_heap() -> None:
     By default glibc raises that threshold each time such a buffer is freed, after which the
     decrypted chunks of a sealed vector file (6 MiB each) come from the heap and stay in RSS once
     freed: +325 MiB kept after loading 100,000 vectors of 768 dimensions
-    (bench/bench_memory.py; README "Memory and the cache caps"). A no-op without glibc's mallopt.
+    (bench/bench_memory.py; docs/benchmarks.md "Memory and the cache caps"). A no-op without glibc's mallopt.
     """
     try:
         import ctypes

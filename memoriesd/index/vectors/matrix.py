@@ -9,7 +9,7 @@ Rows are held in one of three representations (``[index] vector_precision``):
   component maps to +-127; the scale also divides by the quantized row's norm, so a score is the
   exact cosine of the stored direction). A block of rows is widened to float32 and scored.
 
-Every stored row is scored (no approximate index). The measured cost of the narrow ones (README
+Every stored row is scored (no approximate index). The measured cost of the narrow ones (docs/benchmarks.md
 "Memory and the cache caps"): int8 changes SciFact nDCG@10 by at most 0.001 (MiniLM and
 EmbeddingGemma) and a cosine by at most 0.0016, for a quarter of float32's memory; float16 changes
 neither measurably. Re-scoring int8 candidates with float32 rows was measured and left out (it

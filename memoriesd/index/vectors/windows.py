@@ -15,12 +15,12 @@ window alone as close as the whole) keeps its own score.
 The lifted score is what the answering surfaces rank by (``rag context``, ``rag ask``:
 ``SearchRequest.windows``), where a budget of a few items wants the passage that answers first;
 ``rag search`` ranks by each fragment's own vector, since ten results that cover the most turns
-serve a reader (and multi-hop questions) better: measured both ways (README, Conversations).
+serve a reader (and multi-hop questions) better: measured both ways (docs/memory.md, "Conversations").
 
 Windows are not search results and not lexical fragments: they live in the vector index only,
 under negative keys derived from their fragment's id (:func:`window_id`), and leave with it.
 
-Measured on the LoCoMo dev files with EmbeddingGemma (bench/eval_conversations.py; README,
+Measured on the LoCoMo dev files with EmbeddingGemma (bench/eval_conversations.py; docs/memory.md,
 Conversations). Their cost: a fragment of ``n`` turns has ``n - 1`` windows, about twice the
 fragment's text in all, so a conversation takes about three times as long to embed as without them.
 ``[index] conversation_windows = false`` turns them off.
