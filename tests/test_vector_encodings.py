@@ -15,6 +15,7 @@ import pytest
 from memoriesd.index.vectors.load import SidecarMatch
 from memoriesd.index.vectors.matrix import VectorIndex
 from memoriesd.index.vectors.names import read_spaces, sidecar_opaque_id
+from memoriesd.index.vectors.rewrite import repack, retain
 from memoriesd.index.vectors.sidecar import MAGIC, MAGIC_V1, VectorStore
 from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
@@ -98,11 +99,11 @@ def test_a_version_1_sidecar_is_read_and_narrowed_once(tmp_path: Path) -> None:
     loaded = store.load()
     assert set(loaded) == set(vecs) and all(np.array_equal(loaded[k], vecs[k]) for k in vecs)
     assert store.needs_narrowing and store.needs_repack
-    assert store.repack() == 100
+    assert repack(store) == 100
     assert path.read_bytes()[:8] == MAGIC and path.stat().st_size < old_size / 2
     again = _store(path, encoding="int8")
     reread = again.load()
-    assert not again.needs_repack and again.repack() is None
+    assert not again.needs_repack and repack(again) is None
     for k, v in vecs.items():
         assert float(np.dot(reread[k], v) / np.linalg.norm(v)) > 0.999
     # Appending to a version-1 file rewrites it as version 2 with everything in it.
@@ -118,7 +119,7 @@ def test_a_rewrite_never_widens_rows_and_float16_rows_round_trip(tmp_path: Path)
     _store(path, encoding="int8").rewrite(vecs)
     int8_size = path.stat().st_size
     wide = _store(path, encoding="float32")  # a daemon set to float32 compacting an int8 file
-    assert wide.retain(set(list(vecs)[:40])) == (40, 10)
+    assert retain(wide, set(list(vecs)[:40])) == (40, 10)
     assert path.stat().st_size < int8_size and wide.load().keys() == set(list(vecs)[:40])
     assert not wide.needs_narrowing
     half = _store(path, encoding="float16")
@@ -212,7 +213,7 @@ def test_a_file_of_many_small_appended_chunks_is_repacked_into_full_ones(tmp_pat
     assert reader.scan_chunks(lambda c: chunks.append(len(c))) is True
     assert len(chunks) == 131 and reader.needs_repack
     before = reader.load()
-    assert reader.repack() == 2601 and not reader.needs_repack
+    assert repack(reader) == 2601 and not reader.needs_repack
     after = _store(path)
     sizes: list[int] = []
     assert after.scan_chunks(lambda c: sizes.append(len(c))) is True

@@ -32,6 +32,7 @@ from .names import (
     sidecar_path,
     write_spaces,
 )
+from .rewrite import reseal, retain
 from .sidecar import VectorStore
 
 log = logging.getLogger("memoriesd.vectors")
@@ -122,7 +123,7 @@ def rekey_vectors(rk: Any) -> dict[str, int]:
                 rk.staged(sidecar_path(store.dir, new_oid).name),
                 vault_id=store.vault_id, identity=identity, dims=dims, seal=new.seal, open_=new.open,
             )
-            got = src.reseal(dst, rename)
+            got = reseal(src, dst, rename)
             if got is not None:
                 stats["vector_files"] += 1 if got[0] else 0
                 stats["vector_entries_kept"] += got[0]
@@ -184,14 +185,14 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
                         result = space.retain(keep, rename)
                     elif sidecar_opaque_id(path) in spaces:
                         entry = spaces[sidecar_opaque_id(path)]
-                        result = VectorStore(
+                        result = retain(VectorStore(
                             path,
                             vault_id=store.vault_id,
                             identity=str(entry["identity"]),
                             dims=int(str(entry["dims"])),
                             seal=sealer.seal,
                             open_=sealer.open,
-                        ).retain(keep, rename)
+                        ), keep, rename)
                     else:
                         stats["vector_files_skipped"] += 1
                         log.warning("vault %s: vector cache %s has no known model identity; left as is",

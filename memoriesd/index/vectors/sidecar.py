@@ -12,7 +12,7 @@ A chunk is many ``(key, row)`` entries sealed with aad = format version + vault 
 model identity + dims + chunk number; its rows are in an encoding
 (:mod:`~memoriesd.index.vectors.chunks`): the daemon writes them in the precision its index holds
 (int8 codes and a scale per row by default), so unlock copies them in as they are. Version-1 files
-(float32 rows only) are read, and :meth:`VectorStore.repack` rewrites them (or rows written at a
+(float32 rows only) are read, and :func:`.rewrite.repack` rewrites them (or rows written at a
 wider precision, or a file of many small appended chunks) once, a chunk at a time. Appends add chunks at the end, fsync, then write
 a sealed commit record (generation, chunk count, end offset, hash chain over the
 chunks) into the slot the previous commit did not use, and fsync again: a crash
@@ -21,7 +21,7 @@ cut or spliced file fails the commit check. Entries are content-addressed: the k
 keyed hash of exactly what the model reads (:func:`content_key`: title or none, text), the
 identity is in the aad, so even an old copy of the file can only hold correct vectors, and two
 fragments with the same input (an edit that moved a paragraph, a passage in two notes) share one
-entry. ``rewrite`` compacts into a new file (O_EXCL 0600, fsync, rename, fsync dir); ``retain``
+entry. ``rewrite`` compacts into a new file (O_EXCL 0600, fsync, rename, fsync dir); :func:`.rewrite.retain`
 rewrites it with only the entries of live fragments (``vault compact``, ``memory forget``), never
 widening rows; ``scan_chunks`` hands the entries over a chunk at a time as stored (unlock's load).
 Files written before content keys hold :func:`entry_key` keys (fingerprint + title hash); the
@@ -39,7 +39,7 @@ import os
 import secrets
 import struct
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +52,6 @@ from ...vault import fsio
 from ...vault.crypto import KeyWiped
 from ...vault.format import fsync_dir
 from .chunks import Chunk, ChunkDamage, encode_chunk, narrowest, parse_chunk
-from .names import (
-    rekeyed,
-)
 
 log = logging.getLogger("memoriesd.vectors")
 
@@ -111,71 +108,6 @@ def _digest(blob: bytes) -> bytes:
     return hashlib.sha256(blob).digest()
 
 
-class _Repacking:
-    """:meth:`VectorStore.repack`'s (and :meth:`VectorStore.reseal`'s) output: entries re-encoded and
-    sealed by ``store`` into ``fd`` a chunk at a time.
-
-    ``rename`` (reseal): only entries whose key it maps are kept, under the new key; ``keep_encoding``:
-    each row stays in the encoding its chunk had (decoding and encoding again gives the same bytes),
-    instead of ``store.encoding``."""
-
-    def __init__(self, store: VectorStore, fd: int, *, rename: Mapping[str, str] | None = None, keep_encoding: bool = False) -> None:
-        self.store = store
-        self.fd = fd
-        self.rename = rename
-        self.keep_encoding = keep_encoding
-        self.encoding = store.encoding
-        self.keys: list[str] = []
-        self.rows: list[np.ndarray] = []
-        self.chunks = 0
-        self.end = HEADER_SIZE
-        self.chain = b""
-        self.entries = 0
-        self.dropped = 0
-
-    def take(self, chunk: Chunk) -> None:
-        keys = chunk.keys
-        if self.rename is None:
-            rows = chunk.decoded()
-        else:
-            rename = self.rename
-            picks = [i for i, k in enumerate(keys) if k in rename]
-            self.dropped += len(keys) - len(picks)
-            if not picks:
-                return
-            rows = chunk.decoded(None if len(picks) == len(keys) else np.asarray(picks))
-            keys = [rename[keys[i]] for i in picks]
-        encoding = chunk.encoding if self.keep_encoding else self.store.encoding
-        if encoding != self.encoding:
-            self._emit()  # one encoding per chunk
-            self.encoding = encoding
-        self.keys.extend(keys)
-        self.rows.append(rows)
-        if len(self.keys) >= CHUNK_ENTRIES:
-            self._emit()
-
-    def _emit(self) -> None:
-        if not self.keys:
-            return
-        st = self.store
-        plain = encode_chunk(self.keys, np.concatenate(self.rows), self.encoding)
-        blob = st._seal(plain, st._chunk_aad(self.chunks))
-        self.chain = _chain(self.chain, blob)
-        fsio.write_all(self.fd, _FRAME.pack(len(blob)) + blob)
-        self.end += _FRAME.size + len(blob)
-        self.chunks += 1
-        self.entries += len(self.keys)
-        self.keys, self.rows = [], []
-
-    def finish(self) -> _State:
-        """Write the last chunk and the commit (slot 0), fsync; the file's state."""
-        self._emit()
-        state = _State(1, self.chunks, self.end, self.chain, 0, 2)
-        fsio.pwrite_all(self.fd, self.store._commit_bytes(state), len(MAGIC))
-        fsio.fsync(self.fd)
-        return state
-
-
 class VectorStore:
     """The sealed vector sidecar of one vault and one model identity."""
 
@@ -199,7 +131,7 @@ class VectorStore:
         self._state: _State | None = None
         self._lock = threading.Lock()
         #: After a read: the narrowest encoding of its chunks, and whether some are wider than
-        #: ``encoding`` (or the file is version 1): :meth:`repack` then rewrites it.
+        #: ``encoding`` (or the file is version 1): :func:`.rewrite.repack` then rewrites it.
         self.file_encoding = encoding
         self.needs_narrowing = False
         self._read_entries = 0  # entries the last read saw (with its chunk count: is it fragmented?)
@@ -486,122 +418,6 @@ class VectorStore:
         chunks)."""
         full = -(-self._read_entries // CHUNK_ENTRIES)
         return self.needs_narrowing or self._read_chunks > 2 * full + 64
-
-    def repack(self) -> int | None:
-        """Rewrite the file when :attr:`needs_repack`: every row in :attr:`encoding`, chunks of
-        :data:`CHUNK_ENTRIES`, so the next read copies rows as stored, a few chunks at all.
-        Streams: one chunk in memory at a time, entries kept in file order (a later duplicate still
-        wins). Returns the entries rewritten; None when there was nothing to do or the file turned
-        out damaged (then it is discarded, as :meth:`load` does)."""
-        with self._lock:
-            if not self.needs_repack:
-                return None
-            tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(6)}.tmp")
-            damaged: _Damage | None = None
-            try:
-                out = _Repacking(self, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-                try:
-                    fsio.write_all(out.fd, MAGIC + bytes(2 * SLOT_SIZE))
-                    with open(self.path, "rb") as f:
-                        try:
-                            self._scan(f, out.take)
-                        except _TakeFailed as failed:  # sealing or writing the new file failed
-                            raise failed.error from None
-                        except OSError:
-                            raise
-                        except _Damage as exc:  # the source file is damaged
-                            damaged = exc
-                    if damaged is None:
-                        state = out.finish()
-                finally:
-                    fsio.close(out.fd)
-                if damaged is None:
-                    fsio.replace(tmp, self.path)
-                    fsync_dir(self.path.parent)
-            except BaseException as exc:
-                fsio.unlink(tmp, missing_ok=True)
-                if isinstance(exc, OSError):
-                    raise self._write_error(exc) from exc
-                raise
-            if damaged is not None:
-                fsio.unlink(tmp, missing_ok=True)
-                log.warning("vector cache %s is damaged (%s); discarded, its vectors will be recomputed",
-                            self.path.name, _damage_reason(damaged))
-                self._discard()
-                return None
-            self._state = state
-            self.needs_narrowing = False
-            self.file_encoding = self.encoding
-            self._read_entries, self._read_chunks = out.entries, out.chunks
-            return out.entries
-
-    def reseal(self, target: VectorStore, rename: Mapping[str, str]) -> tuple[int, int] | None:
-        """Write ``target`` (another file, sealed by its own functions: the vault's new key) with
-        the entries of this file whose key ``rename`` maps, under their new keys, each row in the
-        encoding it was stored in: a key change keeps every vector without embedding anything
-        again. Streams a chunk at a time; the new file goes through a temp file (O_EXCL 0600,
-        fsync, rename, fsync dir). Returns (kept, dropped); None when this file is missing or
-        damaged (then nothing is written and this file is left as it is: its vectors are
-        recomputed). Write errors are raised as they are (``OSError``)."""
-        with self._lock:
-            try:
-                src = open(self.path, "rb")  # noqa: SIM115 - closed below
-            except FileNotFoundError:
-                return None
-            tmp = target.path.with_name(f".{target.path.name}.{secrets.token_hex(6)}.tmp")
-            damaged: _Damage | None = None
-            try:
-                with src:
-                    out = _Repacking(target, fsio.open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600),
-                                     rename=rename, keep_encoding=True)
-                    try:
-                        fsio.write_all(out.fd, MAGIC + bytes(2 * SLOT_SIZE))
-                        try:
-                            self._scan(src, out.take)
-                        except _TakeFailed as failed:  # sealing or writing the new file failed
-                            raise failed.error from None
-                        except OSError:
-                            raise
-                        except _Damage as exc:  # the source file is damaged
-                            damaged = exc
-                        if damaged is None and out.entries + len(out.keys):
-                            out.finish()
-                    finally:
-                        fsio.close(out.fd)
-                if damaged is None and out.entries:
-                    fsio.replace(tmp, target.path)
-                    fsync_dir(target.path.parent)
-                else:
-                    fsio.unlink(tmp, missing_ok=True)
-            except BaseException:
-                fsio.unlink(tmp, missing_ok=True)
-                raise
-            if damaged is not None:
-                log.warning("vector cache %s is damaged (%s); its vectors will be recomputed",
-                            self.path.name, _damage_reason(damaged))
-                return None
-            return out.entries, out.dropped
-
-    def retain(self, keep: Collection[str], rename: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-        """Rewrite the file with only the entries whose key is in ``keep`` (compaction), atomically
-        and durably; a file left with no entry is removed. ``rename`` (old key -> new key) re-keys
-        entries first (old-scheme keys; an entry already under the new key wins). Returns (kept,
-        dropped), or None when the file was damaged (then it is discarded, as :meth:`load` does) or
-        missing."""
-        with self._lock:
-            try:
-                parsed = self._read_committed()
-            except OSError as exc:
-                raise self._write_error(exc) from exc
-            if parsed is None:
-                return None
-            entries = rekeyed(parsed[1], rename or {})
-            kept = {k: v for k, v in entries.items() if k in keep}
-            if kept:
-                self._rewrite(kept, narrowest(self.encoding, self.file_encoding))
-            else:
-                self._discard()
-            return len(kept), len(entries) - len(kept)
 
     def peek_keys(self) -> set[str] | None:
         """The committed entry keys, read-only (never discards or changes state); None when the

@@ -40,6 +40,7 @@ from .maintenance import (
 )
 from .matrix import VectorIndex, check_vector_cap
 from .names import content_key, entry_key, is_legacy_key, rekeyed, sidecar_path
+from .rewrite import repack, retain
 from .sidecar import VectorStore
 from .windows import search_with_windows
 
@@ -291,7 +292,7 @@ class VectorSpace:
         per file, so a quick lock after the first search does not leave the file unpacked."""
         t0 = time.perf_counter()
         try:
-            done = self.sidecar.repack()
+            done = repack(self.sidecar)
         except MemoriesError as exc:
             log.warning("vector cache %s was not rewritten (%s)", self.sidecar.path.name, exc.code)
             return
@@ -377,7 +378,7 @@ class VectorSpace:
         known ones in memory (the index itself holds only live fragments). ``rename`` re-keys a
         sidecar of the old scheme that was not loaded yet."""
         with self.lock:
-            result = self.sidecar.retain(keep, rename)
+            result = retain(self.sidecar, keep, rename)
             if self._known is not None:
                 self._known = {k: v for k, v in self._known.items() if k in keep}
             return result
