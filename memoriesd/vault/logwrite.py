@@ -64,7 +64,6 @@ class _Batch:
         self.done = True
 
 
-
 class LogWriter:
     """The log writes of a :class:`~.store.VaultStore` (which sets every attribute declared here).
     Thread-safe as the store is: every public method takes ``self.lock``."""
