@@ -25,13 +25,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from ...errors import InvalidModelOutput, MemoriesError, ModelInputFailed
+from ...text.fragments import Fragment
 from ...vault import crypto
-from ..docs import embed_input
+from ..docs import IndexedDoc, embed_input
 from .chunks import CONTENT_KEY_HEX, encoding_of_precision
 from .load import SidecarMatch, short_keys
 from .maintenance import (
@@ -43,6 +45,9 @@ from .names import content_key, entry_key, is_legacy_key, rekeyed, sidecar_path
 from .rewrite import repack, retain
 from .sidecar import VectorStore
 from .windows import search_with_windows
+
+if TYPE_CHECKING:  # caches.py builds VectorSpace: a run-time import would be circular
+    from ..caches import VaultIndex
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
@@ -72,7 +77,7 @@ def _key_hashes(keys: Sequence[str]) -> np.ndarray:
 class VectorSpace:
     """The vectors of one :class:`~memoriesd.index.caches.VaultIndex` under one embedder."""
 
-    def __init__(self, vault_index: Any, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
+    def __init__(self, vault_index: VaultIndex, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
         self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turns.turn_windows)
@@ -112,7 +117,7 @@ class VectorSpace:
 
     # ------------------------------------------------------------------ keys
 
-    def key_of(self, vault_index: Any, frag_id: int) -> str:
+    def key_of(self, vault_index: VaultIndex, frag_id: int) -> str:
         """The content key of a live fragment's vector (see the module docstring): the one the
         restored lexical snapshot holds when it has it (computing it costs about 9 µs of CPU here,
         0.9 s per 100,000 fragments at the first vector search after unlock), else computed."""
@@ -124,7 +129,7 @@ class VectorSpace:
                 return key
         return self._input_key(doc, frag)[1]
 
-    def _input_key(self, doc: Any, frag: Any) -> tuple[tuple[str | None, str], str]:
+    def _input_key(self, doc: IndexedDoc, frag: Fragment) -> tuple[tuple[str | None, str], str]:
         """What the embedder reads for the fragment, and its content key."""
         if getattr(self._fp_key, "wiped", False):
             raise crypto.KeyWiped("the fingerprint key was wiped (the vault was locked)")
@@ -140,7 +145,7 @@ class VectorSpace:
         fid = self._holder.get(self._short(key))
         return fid is not None and fid in self.index
 
-    def _held(self, vault_index: Any, key: str) -> np.ndarray | None:
+    def _held(self, vault_index: VaultIndex, key: str) -> np.ndarray | None:
         """The vector of ``key`` if a fragment in the index has exactly that key."""
         fid = self._holder.get(self._short(key))
         if fid is None or fid not in self.index:
@@ -170,7 +175,7 @@ class VectorSpace:
 
     # ------------------------------------------------------------------ loading
 
-    def attach(self, vault_index: Any) -> None:
+    def attach(self, vault_index: VaultIndex) -> None:
         """Give every live fragment the vector already known for its key (no embedding): from a
         fragment in the index with the same input, from the spares in memory, else (first use, or
         spares trimmed) from the sealed sidecar."""
@@ -227,7 +232,7 @@ class VectorSpace:
                 self._hold(found)
             self._trim_spares()
 
-    def _bulk_keys(self, vault_index: Any, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _bulk_keys(self, vault_index: VaultIndex, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """``(fids, S32 content keys)`` of ``missing`` (every live fragment, at the first load):
         those the restored snapshot holds taken in bulk, the others computed."""
         keeper = getattr(vault_index, "keeper", None)
@@ -240,7 +245,7 @@ class VectorSpace:
         pairs += [(f, self.key_of(vault_index, f)) for f in missing if f not in have]
         return _key_arrays(dict(pairs))
 
-    def _keys_of(self, vault_index: Any, frag_ids: Sequence[int]) -> dict[int, str]:
+    def _keys_of(self, vault_index: VaultIndex, frag_ids: Sequence[int]) -> dict[int, str]:
         """Content keys of live fragments (:meth:`key_of`), those the restored snapshot holds in bulk."""
         keeper = getattr(vault_index, "keeper", None)
         known = keeper.content_keys_of(vault_index, frag_ids) if keeper is not None else {}
@@ -303,7 +308,7 @@ class VectorSpace:
             log.info("vector cache %s rewritten in %s: %d vectors in %.2f s", self.sidecar.path.name,
                      self.sidecar.encoding, done, time.perf_counter() - t0)
 
-    def _load(self, vault_index: Any, keys: dict[int, str]) -> dict[str, np.ndarray]:
+    def _load(self, vault_index: VaultIndex, keys: dict[int, str]) -> dict[str, np.ndarray]:
         """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
         keys) is re-keyed here, once: every live fragment's old key is mapped to its content key,
         and the file is rewritten atomically (vectors of no live fragment are left out; nothing is
@@ -383,7 +388,7 @@ class VectorSpace:
                 self._known = {k: v for k, v in self._known.items() if k in keep}
             return result
 
-    def missing(self, vault_index: Any) -> list[int]:
+    def missing(self, vault_index: VaultIndex) -> list[int]:
         """Live fragments without a vector, except those recorded as skipped (cannot be embedded)."""
         with self.lock:
             out = self.index.absent(vault_index.live_vector_ids(self.windows))
@@ -396,7 +401,7 @@ class VectorSpace:
 
     def embed(
         self,
-        vault_index: Any,
+        vault_index: VaultIndex,
         frag_ids: Sequence[int],
         embed_fn: Callable[[list[tuple[str | None, str]]], np.ndarray],
         *,
@@ -511,7 +516,7 @@ class VectorSpace:
             rows.append(self._checked(one, 1)[0])
         return rows
 
-    def _checked(self, out: Any, n: int) -> np.ndarray:
+    def _checked(self, out: npt.ArrayLike, n: int) -> np.ndarray:
         vecs = np.asarray(out, dtype=np.float32)
         if vecs.shape != (n, self.dims):
             raise InvalidModelOutput(f"the embedder returned {vecs.shape} vectors for {n} fragments of {self.dims} dimensions")
@@ -523,7 +528,7 @@ class VectorSpace:
         self,
         query: np.ndarray,
         k: int,
-        allowed: Any = None,
+        allowed: Collection[int] | None = None,
         min_score: float | None = None,
         *,
         windows: bool = False,
