@@ -11,8 +11,9 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+from ..embed.types import Cancellable, Check
 from ..errors import Cancelled, GenerationNotConfigured, NotFound
 from ..vault.live import LiveVault
 from ..vault.store import VaultStore
@@ -21,9 +22,10 @@ from .grounding import grounded_answer
 from .search import SearchRequest, run_search
 
 POLL_SECONDS = 0.05
+T = TypeVar("T")
 
 
-def _run_cancellable(fn: Any, check: Any) -> Any:
+def _run_cancellable(fn: Callable[[], T], check: Check) -> T:
     """Run ``fn`` in a thread; return its result, or raise as soon as ``check()`` raises.
 
     A request already sent cannot be recalled; its late answer is simply dropped.
@@ -50,7 +52,7 @@ def _run_cancellable(fn: Any, check: Any) -> Any:
 
 
 def unchanged_check(
-    store: VaultStore, revisions: dict[str, int], ctx: Any, *, locked: str, changed: str
+    store: VaultStore, revisions: dict[str, int], ctx: Cancellable, *, locked: str, changed: str
 ) -> Callable[[], None]:
     """A check for work that waits on a model: it raises :class:`Cancelled` when the vault was locked
     (``vault NAME <locked>``), the request ended, or a record of ``revisions`` changed (``changed``)."""
@@ -74,7 +76,7 @@ def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
     return {"status": "insufficient_evidence", "answer": "", "mode": mode, "citations": [], "notices": notices}
 
 
-def ask(engine: RagEngine, vault: LiveVault, question: str, req: SearchRequest, ctx: Any) -> dict[str, Any]:
+def ask(engine: RagEngine, vault: LiveVault, question: str, req: SearchRequest, ctx: Cancellable) -> dict[str, Any]:
     store = vault.store
     gen_cfg = engine.config.generation
     if not gen_cfg.configured:

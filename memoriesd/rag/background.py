@@ -182,7 +182,7 @@ class BackgroundIndexer:
                     self._queue.pop(vault_id, None)
                     self._cond.notify_all()
 
-    def _set(self, vault_id: str, **fields: Any) -> None:
+    def _set(self, vault_id: str, **fields: object) -> None:
         with self._cond:
             job = self._jobs.setdefault(vault_id, Job(vault_id))
             for k, v in fields.items():

@@ -184,7 +184,7 @@ class RemoteEmbedder:
             return np.zeros((0, self._dims or 0), dtype=np.float32)
         return np.concatenate(parts, axis=0)
 
-    def _post(self, url: str, payload: Any, before_attempt: Callable[[], None] | None) -> Any:
+    def _post(self, url: str, payload: dict[str, Any], before_attempt: Callable[[], None] | None) -> object:
         return self._client.post_json(
             url, payload, headers=self._ep.headers(), purpose="embedding", before_attempt=before_attempt
         )
