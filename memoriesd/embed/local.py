@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,10 @@ from .profile import (
     weight_files,
 )
 from .types import Check
+
+if TYPE_CHECKING:  # imported when a model loads (onnxruntime after ORT_DISABLE_TELEMETRY is set)
+    from onnxruntime import InferenceSession
+    from tokenizers import Tokenizer
 
 # Must happen before onnxruntime is first imported anywhere in the process.
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -150,7 +154,7 @@ class LocalEmbedder:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def _load_session(self, graph: Path, threads: int) -> Any:
+    def _load_session(self, graph: Path, threads: int) -> InferenceSession:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -174,7 +178,7 @@ class LocalEmbedder:
         self._feed_token_types = "token_type_ids" in inputs
         return session
 
-    def _load_tokenizer(self, path: Path) -> Any:
+    def _load_tokenizer(self, path: Path) -> Tokenizer:
         from tokenizers import Tokenizer
 
         try:

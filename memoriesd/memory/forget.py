@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
@@ -45,6 +45,13 @@ if TYPE_CHECKING:
     from ..rag.engine import RagEngine
 
 log = logging.getLogger("memoriesd.memory")
+
+
+class RagHost(Protocol):
+    """What :func:`purge` uses of the daemon's app: its search engine, whose caches it drops."""
+
+    @property
+    def rag(self) -> RagEngine | None: ...
 
 SCOPES = ("specific", "topic")
 #: ``store.compact`` keeps this many revisions of every record that is not forgotten: all of them.
@@ -260,7 +267,7 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
 
 
 def purge(
-    app: Any, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
+    app: RagHost, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
     notices: list[str] | None = None,
 ) -> dict[str, Any]:
     """Forget ``record_ids`` and rewrite every vault file that held them (module docstring).
@@ -274,7 +281,7 @@ def purge(
     from ..index.vectors.maintenance import compact_vectors
     from .recalls import recalls_of
 
-    engine = getattr(app, "rag", None)
+    engine = app.rag
     with store.exclusive():
         if check is not None:
             check()
