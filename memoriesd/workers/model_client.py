@@ -19,7 +19,7 @@ import numpy as np
 
 from ..embed.profile import ModelProfile
 from ..embed.types import Check, DocumentItem
-from ..errors import MemoriesError, ModelUnavailable
+from ..errors import InvalidModelOutput, MemoriesError, ModelUnavailable
 from ..home import Home
 from ..server import protocol
 
@@ -54,7 +54,7 @@ def raise_error(err: object) -> None:
     raise exc
 
 
-def ask(path: str | Path, method: str, params: dict[str, Any], timeout: float | None) -> Any:
+def ask(path: str | Path, method: str, params: dict[str, Any], timeout: float | None) -> object:
     """One request on a fresh connection to a socket of the daemon; the result, or its error raised."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(CONNECT_SECONDS)
@@ -68,6 +68,13 @@ def ask(path: str | Path, method: str, params: dict[str, Any], timeout: float | 
             if "error" in msg:
                 raise_error(msg["error"])
             return msg.get("result")
+
+
+def _object(result: object) -> dict[str, Any]:
+    """A model process's or the router's result: every method of theirs answers an object."""
+    if not isinstance(result, dict):
+        raise InvalidModelOutput(f"the embedding model's process answered {type(result).__name__}, not an object")
+    return result
 
 
 class ModelClient:
@@ -99,17 +106,17 @@ class ModelClient:
                     out = ask(self.home.socket_path, "model.route", {"vault": self.vault_id}, ROUTE_SECONDS)
                 except OSError as exc:
                     raise ModelUnavailable("the daemon could not be asked for the embedding model: run the command again") from exc
-                self._path = str(out["socket"])
+                self._path = str(_object(out)["socket"])
             return self._path
 
-    def _call(self, method: str, params: dict[str, Any]) -> Any:
+    def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         path = self._route(False)
         try:
-            return ask(path, method, params, None)
+            return _object(ask(path, method, params, None))
         except (ConnectionError, OSError):
             pass  # the model process ended (recycled after a lock, or idle): ask for it again, once
         try:
-            return ask(self._route(True), method, params, None)
+            return _object(ask(self._route(True), method, params, None))
         except (ConnectionError, OSError) as exc:
             raise ModelUnavailable("the embedding model's process ended during the request: run the command again") from exc
 
