@@ -16,7 +16,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
@@ -31,6 +31,9 @@ from .docs import IndexedDoc, check_caps, doc_from_record, doc_source_bytes, ind
 from .keeper import SnapshotKeeper
 from .snapshot import remove_snapshot, snapshot_path
 from .vectors.windows import window_id, window_parent
+
+if TYPE_CHECKING:
+    from .vectors.space import VectorSpace
 
 log = logging.getLogger("memoriesd.index")
 
@@ -65,7 +68,7 @@ class VaultIndex:
         self.bm25: BM25Index | None = None
         self.keeper: SnapshotKeeper | None = SnapshotKeeper(store, self) if keep_snapshot else None
         self._restore_tried = False
-        self.vectors: Any = None  # a VectorSpace (see memoriesd.index.vectors.space) for the active embedder
+        self.vectors: VectorSpace | None = None  # for the active embedder
         self.source_bytes = 0
         self.closed = False
 
@@ -241,7 +244,25 @@ class VaultIndex:
             self._on_close()
 
 
-def restore_after_unlock(engine: Any, vault_id: str) -> None:
+class _Vaults(Protocol):
+    def live(self, vault_id: str) -> LiveVault | None: ...
+
+
+class _Owner(Protocol):
+    @property
+    def vaults(self) -> _Vaults: ...
+
+
+class IndexHost(Protocol):
+    """What :func:`restore_after_unlock` uses of the retrieval engine (:class:`memoriesd.rag.engine.RagEngine`)."""
+
+    @property
+    def app(self) -> _Owner: ...
+
+    def vault_index(self, vault: LiveVault) -> VaultIndex: ...
+
+
+def restore_after_unlock(engine: IndexHost, vault_id: str) -> None:
     """Right after unlock, restore the vault's lexical snapshot in a background thread (when it has
     one), so that the first search finds the index loaded, or loading, instead of starting then.
 

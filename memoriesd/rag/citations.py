@@ -67,7 +67,7 @@ def _inline_labels(answer: str) -> list[str]:
     return labels
 
 
-def _listed_labels(citations: Any) -> list[str]:
+def _listed_labels(citations: object) -> list[str]:
     if not isinstance(citations, list):
         raise _fail('"citations" is not a list of source labels')
     out: list[str] = []

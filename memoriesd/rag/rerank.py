@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypeGuard
 
 from ..config import ServiceConfig
 from ..errors import ConfigError, InvalidModelOutput, RerankFailed
@@ -36,15 +36,15 @@ def _fail(why: str) -> RerankFailed:
     )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def parse_rerank_response(body: Any, n_documents: int) -> list[float]:
+def parse_rerank_response(body: object, n_documents: int) -> list[float]:
     """Scores aligned with the documents sent, or :class:`RerankFailed`."""
     if not isinstance(body, dict) or not isinstance(body.get("results"), list):
         raise _fail('no "results" list')
-    results: list[Any] = body["results"]
+    results: list[object] = body["results"]
     scores: list[float | None] = [None] * n_documents
     for item in results:
         if not isinstance(item, dict):
@@ -57,7 +57,7 @@ def parse_rerank_response(body: Any, n_documents: int) -> list[float]:
             raise _fail(f"{shown} is out of range for {n_documents} documents")
         if scores[index] is not None:
             raise _fail(f"index {index} appears twice")
-        score: Any = item.get("relevance_score")
+        score: object = item.get("relevance_score")
         if not _is_number(score):
             raise _fail(f"the score of index {index} is not a number")
         value = float(score)

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before onnxruntime can be imported
 
@@ -39,13 +39,18 @@ from ..errors import InvalidParams, MemoriesError, UnknownMethod  # noqa: E402
 from ..server import protocol  # noqa: E402
 from .process import bound_heap, harden  # noqa: E402
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..embed.local import LocalEmbedder
+
 log = logging.getLogger("memoriesd.model")
 
 #: Texts in one request at most (a batch of the vault's embedding pass is far smaller).
 MAX_TEXTS = 4096
 
 
-def vectors_payload(vecs: Any) -> dict[str, Any]:
+def vectors_payload(vecs: np.ndarray) -> dict[str, Any]:
     import numpy as np
 
     arr = np.ascontiguousarray(vecs, dtype="<f4")
@@ -62,7 +67,7 @@ def _texts(params: dict[str, Any], key: str) -> list[Any]:
 class ModelServer:
     """Serves ``model.info``, ``model.embed`` and ``model.count`` for one loaded :class:`LocalEmbedder`."""
 
-    def __init__(self, embedder: Any, idle_seconds: float) -> None:
+    def __init__(self, embedder: LocalEmbedder, idle_seconds: float) -> None:
         self.embedder = embedder
         self.idle_seconds = idle_seconds
         self.last_used = time.monotonic()

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import Cancelled, MemoriesError, ModelUnavailable, NotFound, VaultLocked
 from ...index.bm25 import MAX_CANDIDATES
+from ...index.caches import VaultIndex
 from ...memory.recalls import note_recalls
 from ...rag.engine import INSTALL_HINT, RagEngine
 from ...rag.filters import RecordFilter, make_filter
 from ...rag.fusion import FUSIONS, Candidate
 from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ...rag.vector_view import open_view
+from ...text.fragments import Fragment
 from ...vault.live import LiveVault, VaultLock
 from ...vault.store import VaultStore
 from ..config_watch import name_config_path
@@ -84,7 +86,7 @@ def _searchable(store: VaultStore, record_id: str, cards_only: bool, flt: Record
     return rec.searchable and (not cards_only or rec.kind == "card") and (flt is None or flt.keeps(rec))
 
 
-def _speaker_fragment(store: VaultStore, record_id: str, frag: Any, flt: RecordFilter) -> bool:
+def _speaker_fragment(store: VaultStore, record_id: str, frag: Fragment, flt: RecordFilter) -> bool:
     """Whether this fragment of a record holds a turn by one of the filter's speakers."""
     try:
         return flt.keeps_fragment(store.get(record_id), frag.start, frag.end)
@@ -93,7 +95,7 @@ def _speaker_fragment(store: VaultStore, record_id: str, frag: Any, flt: RecordF
 
 
 def _best_per_record(
-    store: VaultStore, idx: Any, hits: list[Candidate], limit: int, cards_only: bool, flt: RecordFilter | None = None
+    store: VaultStore, idx: VaultIndex, hits: list[Candidate], limit: int, cards_only: bool, flt: RecordFilter | None = None
 ) -> list[Candidate]:
     """Each record's best hit, in rank order, for the first ``limit`` searchable records."""
     best: dict[str, Candidate] = {}
