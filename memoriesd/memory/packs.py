@@ -315,7 +315,7 @@ def build_pack(
 
 
 #: A search hit kept for the pack: (doc, fragment, score, the record of a fact or conversation, fragment id).
-Found = tuple[IndexedDoc, Fragment, float, Record | None, int]
+Found = tuple["IndexedDoc", "Fragment", float, "Record | None", int]
 
 
 def _found(out: SearchOutcome, store: VaultStore, in_profile: set[str]) -> list[Found]:
