@@ -260,7 +260,7 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
 
 
 def purge(
-    app: Any, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
+    app: object, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
     notices: list[str] | None = None,
 ) -> dict[str, Any]:
     """Forget ``record_ids`` and rewrite every vault file that held them (module docstring).

@@ -409,7 +409,7 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-def kind_view(out: SearchOutcome, doc: Any, frag: Any) -> dict[str, Any]:
+def kind_view(out: SearchOutcome, doc: IndexedDoc, frag: Fragment) -> dict[str, Any]:
     """What a result shows of its kind beyond the text, under the kind's name (a conversation
     fragment's ``{date, when, speakers, turns, refs}``: :meth:`RecordKind.result_view`); ``{}`` for
     kinds without one, the kind's name with None when the indexed revision is gone meanwhile."""
