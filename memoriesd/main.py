@@ -49,7 +49,7 @@ log = logging.getLogger("memoriesd")
 VAULT_PROCESS = "vault-process"
 
 
-def method_table() -> MethodTable:
+def method_table() -> MethodTable[App]:
     """Every method the daemon's processes serve: the families' and the router's own."""
     return MethodTable([*SERVER_METHODS, *router.METHODS])
 

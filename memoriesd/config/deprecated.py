@@ -85,7 +85,7 @@ def _spell(key: str) -> str:
     return f"[{table}] {name}" if table else key
 
 
-def _place(out: dict[str, Any], new: str, value: Any, old: str, notes: list[str], origin: dict[str, str]) -> None:
+def _place(out: dict[str, Any], new: str, value: object, old: str, notes: list[str], origin: dict[str, str]) -> None:
     """Put ``value`` at ``new`` unless the new key is already written (the new spelling wins)."""
     *tables, name = new.split(".")
     node = out

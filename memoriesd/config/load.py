@@ -12,7 +12,7 @@ import os
 import tomllib
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ConfigError, UrlRefused
 from ..urls import check_url
@@ -27,6 +27,14 @@ from .schema import (
     ServiceConfig,
     WatchConfig,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: A config table's dataclass (:class:`~.schema.Config` or one of its sub-tables).
+_Table = TypeVar("_Table", bound="DataclassInstance")
+#: A key's value once checked against its field's type.
+Scalar = bool | int | float | str
 
 # Keys that must never carry a secret value: where a key belongs instead.
 _SECRET_HINT = (
@@ -48,7 +56,7 @@ class _Ctx:
         return f"{key} (written as {old})" if old else key
 
 
-def _convert(key: str, value: Any, tp: Any, ctx: _Ctx) -> Any:
+def _convert(key: str, value: object, tp: type, ctx: _Ctx) -> Scalar:
     shown = ctx.name(key)
     if tp is bool:
         if not isinstance(value, bool):
@@ -57,7 +65,7 @@ def _convert(key: str, value: Any, tp: Any, ctx: _Ctx) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"config key {shown} = {value!r} is invalid: allowed is an integer")
-        out: Any = value
+        out: Scalar = value
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"config key {shown} = {value!r} is invalid: allowed is a finite number")
@@ -68,7 +76,7 @@ def _convert(key: str, value: Any, tp: Any, ctx: _Ctx) -> Any:
         out = value
     else:  # pragma: no cover - schema error
         raise ConfigError(f"config key {shown} has an unsupported type")
-    if key in RANGES:
+    if key in RANGES and isinstance(out, (int, float)):  # RANGES holds numeric keys only
         lo, hi = RANGES[key]
         if not (lo <= out <= hi):
             raise ConfigError(f"config key {shown} = {value!r} is out of range: allowed is {lo:g} to {hi:g}")
@@ -78,7 +86,7 @@ def _convert(key: str, value: Any, tp: Any, ctx: _Ctx) -> Any:
     return out
 
 
-def _build(cls: Any, table: Any, prefix: str, ctx: _Ctx) -> Any:
+def _build(cls: type[_Table], table: object, prefix: str, ctx: _Ctx) -> _Table:
     if not isinstance(table, dict):
         raise ConfigError(f"config key {ctx.name(prefix)} must be a table ([{prefix}])")
     known = {f.name: f for f in fields(cls) if not (cls is Config and f.name in META_FIELDS)}
@@ -98,18 +106,18 @@ def _build(cls: Any, table: Any, prefix: str, ctx: _Ctx) -> Any:
             kwargs[f.name] = _build_watches(value, ctx)
             continue
         default = getattr(defaults, f.name)
-        if is_dataclass(default):
+        if is_dataclass(default) and not isinstance(default, type):
             kwargs[f.name] = _build(type(default), value, key, ctx)
             continue
         conv = _convert(key, value, type(default), ctx)
-        if key in PATH_KEYS and conv:
+        if key in PATH_KEYS and isinstance(conv, str) and conv:  # path keys are strings
             conv = str((ctx.base_dir / Path(conv).expanduser()).resolve())
         kwargs[f.name] = conv
         ctx.seen.append(key)
     return cls(**kwargs)
 
 
-def _build_watches(value: Any, ctx: _Ctx) -> tuple[WatchConfig, ...]:
+def _build_watches(value: object, ctx: _Ctx) -> tuple[WatchConfig, ...]:
     """``[[watch.folder]]`` tables; a key error names the table by its position (``watch.folder[2].prune``)."""
     if not isinstance(value, list):
         raise ConfigError("config key watch.folder must be an array of tables: write one [[watch.folder]] table per folder")

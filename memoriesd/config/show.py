@@ -8,16 +8,22 @@ default worked out from other keys, the reason given).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .schema import META_FIELDS, Config
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: (dotted key, value, default), values as :func:`_plain` gives them.
+_Row = tuple[str, object, object]
 
 
 @dataclass(frozen=True)
 class Option:
     key: str  # dotted: "embedding.local.threads"
-    value: Any
-    default: Any
+    value: object  # as JSON: a sub-table's dataclass is a dict, a tuple a list
+    default: object
     source: str  # default | config.toml | deprecated key OLD | derived: WHY
 
 
@@ -25,7 +31,7 @@ class Option:
 _NOT_OPTIONS = ("generation.dimensions", "rerank.dimensions")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple):
@@ -33,7 +39,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _walk(obj: Any, default: Any, prefix: str, out: list[tuple[str, Any, Any]]) -> None:
+def _walk(obj: DataclassInstance, default: DataclassInstance, prefix: str, out: list[_Row]) -> None:
     for f in fields(obj):
         if isinstance(obj, Config) and f.name in META_FIELDS:
             continue
@@ -43,7 +49,7 @@ def _walk(obj: Any, default: Any, prefix: str, out: list[tuple[str, Any, Any]]) 
             continue
         if key == "watch.folders":
             out.append(("watch.folder", _plain(value), []))
-        elif is_dataclass(value):
+        elif is_dataclass(value) and not isinstance(value, type):
             _walk(value, dflt, key + ".", out)
         else:
             out.append((key, _plain(value), _plain(dflt)))
@@ -51,14 +57,14 @@ def _walk(obj: Any, default: Any, prefix: str, out: list[tuple[str, Any, Any]]) 
 
 def option_keys(cfg: Config | None = None) -> list[str]:
     """Every option's dotted key, in table order."""
-    out: list[tuple[str, Any, Any]] = []
+    out: list[_Row] = []
     _walk(cfg or Config(), Config(), "", out)
     return [k for k, _, _ in out]
 
 
 def effective_options(cfg: Config) -> list[Option]:
     """Every option with its effective value and source, in table order."""
-    rows: list[tuple[str, Any, Any]] = []
+    rows: list[_Row] = []
     _walk(cfg, Config(), "", rows)
     sources = dict(cfg.sources)
     out: list[Option] = []

@@ -134,7 +134,7 @@ def _escape_line(text: str, char: str) -> int | None:
 # ---------------------------------------------------------------------------- detection
 
 
-def _detect(text: str) -> tuple[str, Any]:
+def _detect(text: str) -> tuple[str, object]:
     """The format of ``text`` and, when it is one JSON document, that document."""
     s = text.lstrip()
     if s[:1] not in ("{", "["):
@@ -157,7 +157,7 @@ def _detect(text: str) -> tuple[str, Any]:
     return "jsonl", doc
 
 
-def _is_locomo(doc: Any) -> bool:
+def _is_locomo(doc: object) -> bool:
     if isinstance(doc, list):
         return bool(doc) and all(isinstance(d, dict) and _is_locomo(d) for d in doc)
     if not isinstance(doc, dict):
@@ -166,7 +166,7 @@ def _is_locomo(doc: Any) -> bool:
     return isinstance(conv, dict) and any(re.fullmatch(r"session_\d+", k) and isinstance(v, list) for k, v in conv.items())
 
 
-def _json_document(text: str, what: str) -> Any:
+def _json_document(text: str, what: str) -> object:
     try:
         return json.loads(text)
     except RecursionError:
@@ -197,12 +197,12 @@ def _json_lines(text: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _speaker(value: Any) -> str:
+def _speaker(value: object) -> str:
     name = " ".join(str(value).split())[:MAX_SPEAKER_CHARS].rstrip(":").strip()
     return name or "unknown"
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     """The text of a message's content: a string, or the text parts of a list (others left out)."""
     if isinstance(content, str):
         return content.strip()
@@ -238,7 +238,7 @@ def _is_claude_code(objs: list[dict[str, Any]]) -> bool:
     return any(o.get("type") in ("user", "assistant") and isinstance(o.get("message"), dict) for o in objs)
 
 
-def _chat(text: str, doc: Any, title: str | None, date: str | None, session_id: str | None) -> Conversation:
+def _chat(text: str, doc: object, title: str | None, date: str | None, session_id: str | None) -> Conversation:
     if isinstance(doc, dict) and isinstance(doc.get("messages"), list):
         doc = doc["messages"]
     if isinstance(doc, list):
@@ -341,7 +341,7 @@ def _markdown(text: str, title: str | None, date: str | None, session_id: str | 
         text = text[end:]
         fm_title, fm_date, fm_session = (_str_or_none(meta.get(k)) for k in ("title", "date", "session_id"))
     h1: str | None = None
-    turns: list[list[Any]] = []  # [speaker, lines, time]
+    turns: list[tuple[str, list[str], str | None]] = []  # (speaker, lines, time)
     fence = False
     for line in text.split("\n"):
         if line.lstrip().startswith(("```", "~~~")):
@@ -352,13 +352,13 @@ def _markdown(text: str, title: str | None, date: str | None, session_id: str | 
                 if h.group(1) == "#" and h1 is None and not turns:
                     h1 = " ".join(h.group(2).split())
                 if turns:
-                    turns.append(["", [], None])  # a heading ends the turn (an empty turn is dropped below)
+                    turns.append(("", [], None))  # a heading ends the turn (an empty turn is dropped below)
                 continue
             m = _NAME_LINE.match(line)
             if m is not None and len(m.group("name").split()) <= MAX_NAME_WORDS:
                 stamp = m.group("time")
                 when = stamp.strip() if stamp and parse_iso(stamp.strip().replace(" ", "T")) is not None else None
-                turns.append([_speaker(m.group("name")), [m.group("text") or ""], when])
+                turns.append((_speaker(m.group("name")), [m.group("text") or ""], when))
                 continue
         if turns:
             turns[-1][1].append(line)
@@ -379,7 +379,7 @@ def _markdown(text: str, title: str | None, date: str | None, session_id: str | 
     return _finish(raw, "markdown", title, date, session_id or fm_session)
 
 
-def _str_or_none(value: Any) -> str | None:
+def _str_or_none(value: object) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
@@ -423,7 +423,7 @@ def locomo_date(value: str) -> str | None:
         return None
 
 
-def _locomo(doc: Any, title: str | None, date: str | None, session_id: str | None) -> list[Conversation]:
+def _locomo(doc: object, title: str | None, date: str | None, session_id: str | None) -> list[Conversation]:
     if not _is_locomo(doc):
         raise UsageError("the JSON is not LoCoMo: it needs session_N lists of {speaker, text} turns (or try --format jsonl)")
     samples = doc if isinstance(doc, list) else [doc]

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import CacheConfig
 from ..errors import Cancelled, CapExceeded, MemoriesError
@@ -32,7 +32,7 @@ from .keeper import SnapshotKeeper
 from .snapshot import remove_snapshot, snapshot_path
 from .vectors.windows import window_id, window_parent
 
-if TYPE_CHECKING:  # space.py takes a VaultIndex: a run-time import would be circular
+if TYPE_CHECKING:
     from .vectors.space import VectorSpace
 
 log = logging.getLogger("memoriesd.index")
@@ -244,7 +244,25 @@ class VaultIndex:
             self._on_close()
 
 
-def restore_after_unlock(engine: Any, vault_id: str) -> None:
+class _Vaults(Protocol):
+    def live(self, vault_id: str) -> LiveVault | None: ...
+
+
+class _Owner(Protocol):
+    @property
+    def vaults(self) -> _Vaults: ...
+
+
+class IndexHost(Protocol):
+    """What :func:`restore_after_unlock` uses of the retrieval engine (:class:`memoriesd.rag.engine.RagEngine`)."""
+
+    @property
+    def app(self) -> _Owner: ...
+
+    def vault_index(self, vault: LiveVault) -> VaultIndex: ...
+
+
+def restore_after_unlock(engine: IndexHost, vault_id: str) -> None:
     """Right after unlock, restore the vault's lexical snapshot in a background thread (when it has
     one), so that the first search finds the index loaded, or loading, instead of starting then.
 

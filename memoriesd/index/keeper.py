@@ -35,9 +35,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..bulk import bulk_load
 from ..text.fragments import FINGERPRINT_HEX, Fragment
@@ -80,7 +81,7 @@ def encode_meta(
     (``content_keys``: one string per document, :data:`CONTENT_KEY_HEX` characters per fragment)
     the key of each fragment's vector, so the first vector search after unlock need not compute
     them (:meth:`SnapshotKeeper.content_key_for`)."""
-    out_docs: list[list[Any]] = []
+    out_docs: list[list[object]] = []
     fps: list[str] = []
     for doc, first in docs:
         spans: list[int] = []
@@ -163,10 +164,33 @@ def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: 
         raise SnapshotRejected("its index description is malformed") from exc
 
 
+class IndexOwner(Protocol):
+    """What the keeper uses of the index it keeps (:class:`memoriesd.index.caches.VaultIndex`)."""
+
+    @property
+    def lock(self) -> AbstractContextManager[object]: ...
+
+    @property
+    def bm25(self) -> BM25Index | None: ...
+
+    @property
+    def head(self) -> Head | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def docs(self) -> dict[str, IndexedDoc]: ...
+
+    def check_open(self) -> None: ...
+
+    def refresh(self) -> bool: ...
+
+
 class SnapshotKeeper:
     """The lexical snapshot of one unlocked vault's index (see the module docstring)."""
 
-    def __init__(self, store: VaultStore, owner: Any) -> None:
+    def __init__(self, store: VaultStore, owner: IndexOwner) -> None:
         self.store = store
         self.owner = owner  # the VaultIndex: its lock, bm25, head and refresh
         self.dir = Path(store.dir)
@@ -244,7 +268,7 @@ class SnapshotKeeper:
                 return entry[1][pos * CONTENT_KEY_HEX : (pos + 1) * CONTENT_KEY_HEX]
         return None
 
-    def content_keys_of(self, vault_index: Any, frag_ids: Collection[int]) -> dict[int, str]:
+    def content_keys_of(self, vault_index: IndexOwner, frag_ids: Collection[int]) -> dict[int, str]:
         """:meth:`content_key_for` of many live fragments at once (the first vector search after
         unlock asks for every fragment): walks the documents, not the fragments one by one. Those
         it does not know are left out."""
@@ -265,7 +289,7 @@ class SnapshotKeeper:
                     out[fid] = keys[pos * step : (pos + 1) * step]
         return out
 
-    def content_key_runs(self, vault_index: Any) -> tuple[list[int], str]:
+    def content_key_runs(self, vault_index: IndexOwner) -> tuple[list[int], str]:
         """The bulk form of :meth:`content_keys_of` for a first load: every live fragment whose key
         this keeper knows (in document order) and their keys joined, :data:`CONTENT_KEY_HEX`
         characters each; no per-fragment lookup."""

@@ -38,7 +38,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..text.segment import Segmentation
 from ..vault import crypto, fsio
@@ -180,7 +180,7 @@ def write_snapshot(
     return total
 
 
-def _read_exact(f: Any, n: int) -> bytes:
+def _read_exact(f: BinaryIO, n: int) -> bytes:
     data = f.read(n)
     if len(data) != n:
         raise SnapshotRejected("the file is cut short")

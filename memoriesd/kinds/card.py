@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
 
 from ..text.files import front_matter_end
+from ..vault.records import Record
 from .base import PlainKind
 
 KIND = "card"
@@ -19,7 +19,7 @@ class CardKind(PlainKind):
 
     name: str = KIND
 
-    def body_start(self, rec: Any) -> int:
+    def body_start(self, rec: Record) -> int:
         # Fragment offsets still count from the body's first byte: the body keeps the file's text.
         return front_matter_end(rec.body)
 

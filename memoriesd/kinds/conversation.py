@@ -13,6 +13,7 @@ from datetime import date
 from typing import Any
 
 from ..text.fragments import Fragment
+from ..vault.records import Record
 from .base import PlainKind, Spans, day_of
 from .turns import (
     KIND,
@@ -35,25 +36,25 @@ class ConversationKind(PlainKind):
     has_speakers: bool = True
     max_windows: int = MAX_TURNS - WINDOW_TURNS + 1  # a fragment holds at most MAX_TURNS (12) turns
 
-    def fragments(self, rec: Any, fp_key: bytes) -> list[Fragment]:
+    def fragments(self, rec: Record, fp_key: bytes) -> list[Fragment]:
         return split_conversation(rec, fp_key)
 
-    def windows(self, rec: Any, fragments: Sequence[Fragment]) -> tuple[tuple[Fragment, ...], ...]:
+    def windows(self, rec: Record, fragments: Sequence[Fragment]) -> tuple[tuple[Fragment, ...], ...]:
         return turn_windows(rec, fragments)
 
-    def when(self, rec: Any) -> str | None:
+    def when(self, rec: Record) -> str | None:
         return str(rec.meta.get("session_when") or "") or None
 
     def embed_title(self, title: str, source: str | None) -> str | None:
         return title or None
 
-    def own_day(self, rec: Any) -> date | None:
+    def own_day(self, rec: Record) -> date | None:
         return day_of(rec.meta.get("session_date"))
 
-    def speaker_spans(self, rec: Any, speakers: frozenset[str]) -> Spans:
+    def speaker_spans(self, rec: Record, speakers: frozenset[str]) -> Spans:
         return tuple((t.start, t.end) for t in turn_spans(rec) or () if t.speaker.casefold() in speakers)
 
-    def result_view(self, rec: Any, start: int, end: int) -> dict[str, Any] | None:
+    def result_view(self, rec: Record, start: int, end: int) -> dict[str, Any] | None:
         return conversation_view(rec, start, end)
 
     @property

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date
-from typing import Any
 
 from ..vault.records import Record
 from .base import PlainKind
@@ -25,10 +24,10 @@ class FactKind(PlainKind):
     name: str = KIND
     categories: tuple[str, ...] = CATEGORIES
 
-    def own_day(self, rec: Any) -> date | None:
+    def own_day(self, rec: Record) -> date | None:
         return None
 
-    def category(self, rec: Any) -> str | None:
+    def category(self, rec: Record) -> str | None:
         return category_of(rec)
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, DeviceOnly, GenerationNotConfigured, NotFound, UsageError
 from ..kinds.turns import KIND, turn_spans
@@ -44,6 +44,9 @@ from ..vault.store import VaultStore
 from .extract_prompt import Extraction, Item, PromptTurn, build_extract_prompt, parse_extraction
 from .facts import MAX_KEY, RememberRequest, normalise_key, remember
 from .patterns import USER_ROLES, extract_patterns, is_assistant
+
+if TYPE_CHECKING:
+    from ..rag.host import Host, Work
 
 __all__ = ["MAX_SEND_TOKENS", "PATHS", "ExtractRequest", "extract", "extract_enabled", "model_refusal", "record_turns"]
 
@@ -96,7 +99,7 @@ def record_turns(rec: Record) -> list[PromptTurn]:
     return out
 
 
-def model_refusal(app: Any, store: VaultStore) -> tuple[str, str] | None:
+def model_refusal(app: Host, store: VaultStore) -> tuple[str, str] | None:
     """Why the model path cannot run for this vault, as ``(code, message)``; None when it can."""
     gen = app.config.generation
     if not gen.configured:
@@ -111,7 +114,7 @@ def model_refusal(app: Any, store: VaultStore) -> tuple[str, str] | None:
     return None
 
 
-def _plan(app: Any, store: VaultStore, req: ExtractRequest) -> _Plan:
+def _plan(app: Host, store: VaultStore, req: ExtractRequest) -> _Plan:
     if req.path not in PATHS:
         raise UsageError(f"the extraction path is one of {', '.join(PATHS)}")
     if req.path == "patterns":
@@ -159,7 +162,7 @@ def _select(turns: list[PromptTurn], count: Callable[[str], int], budget: int) -
     return chosen, used, total
 
 
-def _ask_model(app: Any, store: VaultStore, rec: Record, turns: list[PromptTurn], ctx: Any, notices: list[str]) -> tuple[Extraction, dict[str, Any]]:
+def _ask_model(app: Host, store: VaultStore, rec: Record, turns: list[PromptTurn], ctx: Work, notices: list[str]) -> tuple[Extraction, dict[str, Any]]:
     from ..rag.ask import _run_cancellable
     from ..rag.providers import Generator
     from .packs import _counter
@@ -220,7 +223,7 @@ def _with_summary(rec: Record, summary: str) -> Record:
                   private_meta=rec.private_meta, created=rec.created, updated=now())
 
 
-def _write(app: Any, vault: LiveVault, rec: Record, items: list[Item], summary: str | None, req: ExtractRequest, ctx: Any) -> tuple[list[dict[str, Any]], int, bool]:
+def _write(app: Host, vault: LiveVault, rec: Record, items: list[Item], summary: str | None, req: ExtractRequest, ctx: Work) -> tuple[list[dict[str, Any]], int, bool]:
     """Remember ``items`` and store ``summary``; ``(outcomes, rejected, anything changed)``."""
     store = vault.store
     outcomes: list[dict[str, Any]] = []
@@ -251,7 +254,7 @@ def _write(app: Any, vault: LiveVault, rec: Record, items: list[Item], summary: 
     return outcomes, rejected, changed
 
 
-def extract(app: Any, vault: LiveVault, req: ExtractRequest, ctx: Any) -> dict[str, Any]:
+def extract(app: Host, vault: LiveVault, req: ExtractRequest, ctx: Work) -> dict[str, Any]:
     """Extract from one conversation record (module docstring)."""
     store = vault.store
     plan = _plan(app, store, req)

@@ -151,7 +151,7 @@ def _shown(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z_]{1,30}", name) else "another key"
 
 
-def _text(value: Any, what: str, lo: int, hi: int) -> str:
+def _text(value: object, what: str, lo: int, hi: int) -> str:
     if not isinstance(value, str):
         raise _fail(f"{what} is not a string")
     text = " ".join(value.replace("\r\n", "\n").split()) if "\n" not in value.strip() else value.replace("\r\n", "\n").strip()
@@ -162,7 +162,7 @@ def _text(value: Any, what: str, lo: int, hi: int) -> str:
     return text
 
 
-def _item(raw: Any, where: str, sent: set[str], n_sent: int) -> Item:
+def _item(raw: object, where: str, sent: set[str], n_sent: int) -> Item:
     if not isinstance(raw, dict):
         raise _fail(f"an item of {where} is not an object")
     extra = sorted(set(raw) - _ITEM_KEYS)

@@ -57,6 +57,12 @@ from .facts import current_facts, profile_order
 
 if TYPE_CHECKING:
     from ..embed.types import Tokenizing
+    from ..index.docs import IndexedDoc
+    from ..rag.engine import RagEngine
+    from ..rag.filters import RecordFilter
+    from ..rag.host import Host, Work
+    from ..rag.search import SearchOutcome
+    from ..text.fragments import Fragment
 
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
@@ -249,7 +255,7 @@ def select(
     return chosen_p, chosen_r, cost_p + cost_r
 
 
-def _counter(engine: Any) -> TokenCounter:
+def _counter(engine: RagEngine | None) -> TokenCounter:
     """The local model's tokenizer when it is the vault's embedder, else the estimate."""
     if engine is None:
         return TokenCounter(None)
@@ -260,7 +266,7 @@ def _counter(engine: Any) -> TokenCounter:
 
 
 def build_pack(
-    app: Any, vault: LiveVault, query: str, budget: int, ctx: Any, flt: Any = None, mode: str | None = None
+    app: Host, vault: LiveVault, query: str, budget: int, ctx: Work, flt: RecordFilter | None = None, mode: str | None = None
 ) -> dict[str, Any]:
     """The ``rag.context`` answer: budget, used tokens, the items and the plain text.
 
@@ -289,7 +295,7 @@ def build_pack(
         while form is not None:
             form.cost = count(form.body()) + 1
             form = form.alt
-    trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION}, count)
+    trim = turn_trimmer({rec.id: rec for doc, _, _, rec, _ in found if doc.kind == CONVERSATION and rec is not None}, count)
     chosen_p, chosen_r, used = select(profile, relevant, budget, PROFILE_SHARE, count, trim)
     label_cost = count(f"[S{max(1, len(profile) + len(relevant))}] ")
     items, lines = _render(out, chosen_p, chosen_r, label_cost)
@@ -309,10 +315,10 @@ def build_pack(
 
 
 #: A search hit kept for the pack: (doc, fragment, score, the record of a fact or conversation, fragment id).
-Found = tuple[Any, Any, float, Any, int]
+Found = tuple["IndexedDoc", "Fragment", float, "Record | None", int]
 
 
-def _found(out: Any, store: VaultStore, in_profile: set[str]) -> list[Found]:
+def _found(out: SearchOutcome, store: VaultStore, in_profile: set[str]) -> list[Found]:
     """The search's hits that may go in the pack: not a profile fact again, not empty, still readable."""
     found: list[Found] = []
     for c in out.hits:
@@ -333,25 +339,26 @@ def _found(out: Any, store: VaultStore, in_profile: set[str]) -> list[Found]:
     return found
 
 
-def _relevant(query: str, out: Any, found: list[Found]) -> list[PackItem]:
+def _relevant(query: str, out: SearchOutcome, found: list[Found]) -> list[PackItem]:
     """The relevant block's candidates, in search order, each with its shorter forms."""
     # A conversation fragment that no longer fits whole may still fit as an excerpt of the few turns
     # that match the query best (memory.excerpt): the pack then holds more distinct hits.
-    convs = [(rec, frag.start, frag.end) for doc, frag, _, rec, _ in found if doc.kind == CONVERSATION]
-    wins = [out.best_windows.get(fid) for doc, _, _, _, fid in found if doc.kind == CONVERSATION]
+    # (a fact's or a conversation's record is always read by _found: `rec is not None` only narrows the type)
+    convs = [(rec, frag.start, frag.end) for doc, frag, _, rec, _ in found if doc.kind == CONVERSATION and rec is not None]
+    wins = [out.best_windows.get(fid) for doc, _, _, rec, fid in found if doc.kind == CONVERSATION and rec is not None]
     cuts = iter(excerpts(query, convs, wins))
     relevant: list[PackItem] = []
     for doc, frag, score, rec, _ in found:
         category = None
         conversation = None
-        if doc.kind == KIND:
+        if doc.kind == KIND and rec is not None:
             category = category_of(rec)
-        elif doc.kind == CONVERSATION:
+        elif doc.kind == CONVERSATION and rec is not None:
             conversation = conversation_view(rec, frag.start, frag.end)
         item = PackItem(doc.record_id, doc.revision, doc.kind, category, "" if doc.kind == KIND else _flat(doc.title),
                         _flat(frag.text), round(float(score), 6), doc.source, "relevant",
                         start=frag.start, end=frag.end, conversation=conversation)
-        if doc.kind == CONVERSATION and (cut := next(cuts)) is not None:
+        if doc.kind == CONVERSATION and rec is not None and (cut := next(cuts)) is not None:
             # Shorter forms, tried in turn when the whole fragment does not fit: the few turns that
             # match best (by the fragment's closest turn window, else BM25), down to one turn.
             last = item
@@ -368,7 +375,7 @@ def _relevant(query: str, out: Any, found: list[Found]) -> list[PackItem]:
 
 
 def _render(
-    out: Any, chosen_p: list[PackItem], chosen_r: list[PackItem], label_cost: int
+    out: SearchOutcome, chosen_p: list[PackItem], chosen_r: list[PackItem], label_cost: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The chosen items labelled S1, S2... across both blocks, and the pack's lines of text."""
     items: list[dict[str, Any]] = []

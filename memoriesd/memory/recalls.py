@@ -22,11 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from ..vault import crypto, fsio
 from ..vault.format import atomic_write
 from ..vault.live import LiveVault
+from ..vault.rekey import Rekeying
 from ..vault.store import VaultStore
 
 log = logging.getLogger("memoriesd.memory")
@@ -150,7 +150,7 @@ class Recalls:
                 self._counts = None
 
 
-def rekey_recalls(rk: Any) -> dict[str, int]:
+def rekey_recalls(rk: Rekeying) -> dict[str, int]:
     """A key change's stage for the counters (:class:`~memoriesd.vault.rekey.Rekeying`): the file
     sealed again under the new key, as it is. An unreadable file is not carried over (counters
     start from zero, as they would)."""

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceOnly, GenerationNotConfigured, UsageError
 from ..kinds.fact import KIND as FACT
@@ -51,6 +51,11 @@ from ..vault.store import VaultStore
 from .facts import fact_view, importance_of
 from .forget import SNIPPET, purge
 from .summary_prompt import SourceRecord, build_summary_prompt, parse_summary
+
+if TYPE_CHECKING:
+    from ..rag.engine import RagEngine
+    from ..rag.host import Host, Work
+    from .recalls import Recalls
 
 #: Kinds ``memory summarize`` condenses (the first is the default).
 SUMMARIZE_KINDS = ("conversation", FACT)
@@ -75,7 +80,7 @@ NOT_CONFIGURED = (
 # ---------------------------------------------------------------------------- time
 
 
-def _parse_time(value: Any) -> float | None:
+def _parse_time(value: object) -> float | None:
     """Unix time of an ISO date or datetime (naive: local time), or None."""
     if not isinstance(value, str) or not value.strip():
         return None
@@ -240,7 +245,7 @@ class SummarizeRequest:
     batch_tokens: int = DEFAULT_BATCH_TOKENS
 
 
-def _generation_notice(engine: Any, store: VaultStore) -> str | None:
+def _generation_notice(engine: RagEngine, store: VaultStore) -> str | None:
     """Why ``--apply`` would be refused, if it would."""
     gen = engine.config.generation
     if not gen.configured:
@@ -252,7 +257,7 @@ def _generation_notice(engine: Any, store: VaultStore) -> str | None:
     return None
 
 
-def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callable[[], None]:
+def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Work) -> Callable[[], None]:
     """A check that raises when the vault locked, the request ended, or an original changed."""
     from ..rag.ask import unchanged_check
 
@@ -263,7 +268,7 @@ def _unchanged(store: VaultStore, revisions: dict[str, int], ctx: Any) -> Callab
     )
 
 
-def summarize(app: Any, vault: LiveVault, req: SummarizeRequest, ctx: Any) -> dict[str, Any]:
+def summarize(app: Host, vault: LiveVault, req: SummarizeRequest, ctx: Work) -> dict[str, Any]:
     """List the candidates (and without ``apply`` stop there), or replace them with summaries."""
     store = vault.store
     from ..rag.ask import _run_cancellable
@@ -357,7 +362,7 @@ class PruneRequest:
             raise UsageError("--below-importance is a number from 0 to 1")
 
 
-def select_stale(store: VaultStore, recalls: Any, req: PruneRequest, at: float) -> list[dict[str, Any]]:
+def select_stale(store: VaultStore, recalls: Recalls, req: PruneRequest, at: float) -> list[dict[str, Any]]:
     """Current, non-private facts matching every criterion of ``req``, oldest first (as fact views)."""
     req.check()
     limit = cutoff(req.older_than, at) if req.older_than is not None else None
@@ -376,7 +381,7 @@ def select_stale(store: VaultStore, recalls: Any, req: PruneRequest, at: float) 
     return out
 
 
-def prune(app: Any, vault: LiveVault, req: PruneRequest, ctx: Any) -> dict[str, Any]:
+def prune(app: Host, vault: LiveVault, req: PruneRequest, ctx: Work) -> dict[str, Any]:
     """List the stale facts (and without ``apply`` stop there), or forget them for real."""
     from .recalls import recalls_of
 

@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 import certifi
 import httpx
@@ -254,13 +253,13 @@ class HttpClient:
     def post_json(
         self,
         url: str,
-        payload: Any,
+        payload: object,
         *,
         headers: Mapping[str, str] | None = None,
         purpose: str,
         before_attempt: Callable[[], None] | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> object:
         """POST ``payload`` as JSON and return the decoded JSON answer (see the module doc)."""
         parsed = parse_url(url, purpose=purpose)
         host = parsed.host
@@ -381,7 +380,7 @@ def _status_error(
     return None
 
 
-def _decode_json(data: bytes, purpose: str, host: str, status: int) -> Any:
+def _decode_json(data: bytes, purpose: str, host: str, status: int) -> object:
     try:
         return json.loads(data)
     except ValueError:

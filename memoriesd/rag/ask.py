@@ -13,46 +13,46 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..embed.types import Cancellable, Check
 from ..errors import Cancelled, GenerationNotConfigured, NotFound
 from ..vault.live import LiveVault
 from ..vault.store import VaultStore
 from .engine import RagEngine
 from .grounding import grounded_answer
+from .host import Work
 from .search import SearchRequest, run_search
 
 POLL_SECONDS = 0.05
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
-def _run_cancellable(fn: Callable[[], T], check: Check) -> T:
+def _run_cancellable(fn: Callable[[], _T], check: Callable[[], None]) -> _T:
     """Run ``fn`` in a thread; return its result, or raise as soon as ``check()`` raises.
 
     A request already sent cannot be recalled; its late answer is simply dropped.
     """
-    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+    box: queue.Queue[tuple[_T] | BaseException] = queue.Queue(maxsize=1)  # (result,) or what fn raised
 
     def target() -> None:
         try:
-            box.put((True, fn()))
+            box.put((fn(),))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box.put((False, exc))
+            box.put(exc)
 
     threading.Thread(target=target, name="memoriesd-ask", daemon=True).start()
     while True:
         check()
         try:
-            ok, value = box.get(timeout=POLL_SECONDS)
+            got = box.get(timeout=POLL_SECONDS)
         except queue.Empty:
             continue
         check()  # a late answer after a lock/revoke/change is dropped
-        if ok:
-            return value
-        raise value
+        if isinstance(got, BaseException):
+            raise got
+        return got[0]
 
 
 def unchanged_check(
-    store: VaultStore, revisions: dict[str, int], ctx: Cancellable, *, locked: str, changed: str
+    store: VaultStore, revisions: dict[str, int], ctx: Work, *, locked: str, changed: str
 ) -> Callable[[], None]:
     """A check for work that waits on a model: it raises :class:`Cancelled` when the vault was locked
     (``vault NAME <locked>``), the request ended, or a record of ``revisions`` changed (``changed``)."""
@@ -76,7 +76,7 @@ def _insufficient(mode: str, notices: list[str]) -> dict[str, Any]:
     return {"status": "insufficient_evidence", "answer": "", "mode": mode, "citations": [], "notices": notices}
 
 
-def ask(engine: RagEngine, vault: LiveVault, question: str, req: SearchRequest, ctx: Cancellable) -> dict[str, Any]:
+def ask(engine: RagEngine, vault: LiveVault, question: str, req: SearchRequest, ctx: Work) -> dict[str, Any]:
     store = vault.store
     gen_cfg = engine.config.generation
     if not gen_cfg.configured:

@@ -19,13 +19,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Cancelled, MemoriesError, VaultLocked
+from .vector_view import ViewEngine
 
 if TYPE_CHECKING:
-    from ..rag.engine import EngineHost, RagEngine
+    from ..index.caches import VaultIndex
     from ..vault.live import LiveVault
+    from ..vault.manager import VaultManager
 
 log = logging.getLogger("memoriesd.indexing")
 
@@ -35,6 +37,20 @@ CHUNK_FRAGMENTS = 8
 #: (its job stays "running", its lease held, lock and stop still cancel it), so a test can search, lock
 #: or auto-lock a vault mid-indexing whatever the machine's speed. Never set it otherwise.
 HOLD_ENV = "MEMORIES_TEST_HOLD_BACKGROUND"
+
+
+class IndexerHost(Protocol):
+    """What the indexer uses of the daemon's app: its vaults' unlock and lock events."""
+
+    @property
+    def vaults(self) -> VaultManager: ...
+
+
+class IndexerEngine(ViewEngine, Protocol):
+    """What the indexer uses of the retrieval engine (:class:`memoriesd.rag.engine.RagEngine`): the
+    vector recipe's parts and each vault's index."""
+
+    def vault_index(self, vault: LiveVault) -> VaultIndex: ...
 
 
 class _Work:
@@ -94,7 +110,7 @@ class Job:
 class BackgroundIndexer:
     """The one background worker of a daemon (see the module docstring)."""
 
-    def __init__(self, app: EngineHost, engine: RagEngine) -> None:
+    def __init__(self, app: IndexerHost, engine: IndexerEngine) -> None:
         self.app = app
         self.engine = engine
         self._cond = threading.Condition()

@@ -18,22 +18,16 @@ import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..embed.types import Cancellable
 from ..errors import DocumentRefused, UsageError
 from ..text.files import ParsedDocument, PathKeys, discover, parse_document, read_document
 from ..vault.records import Record, new_record_id, now
 from ..vault.store import VaultStore
+from .host import Work
 
 GROUP_FILES = 64
 GROUP_BYTES = 8 * 1024 * 1024
-
-
-class Reporting(Cancellable, Protocol):
-    """An ingest's request context: cancellable, and told how many files are done after each group."""
-
-    def send_progress(self, progress: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -104,7 +98,7 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def run_ingest(store: VaultStore, req: IngestRequest, ctx: Reporting, *, max_bytes: int) -> IngestReport:
+def run_ingest(store: VaultStore, req: IngestRequest, ctx: Work, *, max_bytes: int) -> IngestReport:
     if req.text is not None:
         return _ingest_text(store, req, req.text, max_bytes)
     roots = [Path(p) for p in req.paths]
@@ -189,7 +183,7 @@ class _Batch:
     counted, only once its group is durable."""
 
     store: VaultStore
-    ctx: Reporting
+    ctx: Work
     report: IngestReport
     total: int
     done: int = 0  # files looked at so far
@@ -225,7 +219,7 @@ class _Batch:
         self.ctx.send_progress({"done": self.done, "total": self.total, "durable": [shown for _, _, shown in pending]})
 
 
-def _prune(store: VaultStore, ctx: Cancellable, roots: list[Path], seen_sources: set[str]) -> int:
+def _prune(store: VaultStore, ctx: Work, roots: list[Path], seen_sources: set[str]) -> int:
     """Delete the cards of files gone from under the named directories; how many."""
     dirs = [str(p.resolve()) for p in roots if p.is_dir()]
     if not dirs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from ..config import ServiceConfig
 from ..errors import ConfigError, InvalidModelOutput, RerankFailed
@@ -36,7 +36,7 @@ def _fail(why: str) -> RerankFailed:
     )
 
 
-def _is_number(value: object) -> TypeGuard[float]:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -44,7 +44,7 @@ def parse_rerank_response(body: object, n_documents: int) -> list[float]:
     """Scores aligned with the documents sent, or :class:`RerankFailed`."""
     if not isinstance(body, dict) or not isinstance(body.get("results"), list):
         raise _fail('no "results" list')
-    results: list[Any] = body["results"]
+    results: list[object] = body["results"]
     scores: list[float | None] = [None] * n_documents
     for item in results:
         if not isinstance(item, dict):

@@ -6,20 +6,33 @@ sealed vectors on disk (:func:`memoriesd.index.vectors.maintenance.sealed_status
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..embed.service import INSTALL_HINT
 from ..errors import CapExceeded
 from ..index.vectors.maintenance import sealed_status
+from .vector_view import ViewEngine
 
 if TYPE_CHECKING:
-    from ..index.caches import VaultIndex
+    from ..index.caches import IndexCache, VaultIndex
     from ..vault.records import Record
     from ..vault.store import VaultStore
-    from .engine import RagEngine
+    from .background import BackgroundIndexer
 
 
-def vault_status(engine: RagEngine, store: VaultStore) -> dict[str, Any]:
+class StatusEngine(ViewEngine, Protocol):
+    """What ``rag status`` reads of the retrieval engine (:class:`memoriesd.rag.engine.RagEngine`)."""
+
+    @property
+    def cache(self) -> IndexCache: ...
+
+    @property
+    def background(self) -> BackgroundIndexer: ...
+
+    def peek_index(self, store: VaultStore) -> VaultIndex | None: ...
+
+
+def vault_status(engine: StatusEngine, store: VaultStore) -> dict[str, Any]:
     config = engine.config
     idx = engine.peek_index(store)
     cards = [r for r in store.latest() if r.kind == "card"]
@@ -58,7 +71,7 @@ def vault_status(engine: RagEngine, store: VaultStore) -> dict[str, Any]:
     return out
 
 
-def _unbuilt_counts(engine: RagEngine, searchable: list[Record], out: dict[str, Any]) -> None:
+def _unbuilt_counts(engine: StatusEngine, searchable: list[Record], out: dict[str, Any]) -> None:
     """No index yet: count what it would hold without building it (state stays "none")."""
     from ..index.docs import check_caps
     from ..kinds.registry import kind_of
@@ -79,7 +92,7 @@ def _unbuilt_counts(engine: RagEngine, searchable: list[Record], out: dict[str, 
         out["cap_error"] = exc.message
 
 
-def _embedding_status(engine: RagEngine, store: VaultStore, idx: VaultIndex | None, emb: dict[str, Any]) -> None:
+def _embedding_status(engine: StatusEngine, store: VaultStore, idx: VaultIndex | None, emb: dict[str, Any]) -> None:
     service = engine.embedding
     available = service.available()
     if available:
@@ -111,7 +124,7 @@ def _embedding_status(engine: RagEngine, store: VaultStore, idx: VaultIndex | No
         emb["hint"] = INSTALL_HINT
 
 
-def _background_status(engine: RagEngine, store: VaultStore, emb: dict[str, Any]) -> None:
+def _background_status(engine: StatusEngine, store: VaultStore, emb: dict[str, Any]) -> None:
     """``state`` (running, queued, paused, done, failed, off), ``rate`` (fragments/s) and ``eta_seconds``."""
     emb.setdefault("skipped", 0)
     background = engine.background

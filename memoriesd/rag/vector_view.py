@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -24,11 +24,37 @@ from ..index.vectors.space import VectorSpace
 from ..text.humanize import duration
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..embed.service import EmbeddingService
     from ..embed.types import Cancellable, DocumentItem, Embedder
     from ..index.caches import VaultIndex
     from ..vault.store import VaultStore
-    from .engine import RagEngine
+
+
+class _Progress(Protocol):
+    @property
+    def eta_seconds(self) -> float | None: ...
+
+
+class _Indexer(Protocol):
+    def job(self, vault_id: str) -> _Progress | None: ...
+
+    def active(self, vault_id: str) -> bool: ...
+
+
+class ViewEngine(Protocol):
+    """What the vector recipe uses of the retrieval engine (:class:`memoriesd.rag.engine.RagEngine`):
+    named by this Protocol, so that the engine, its background indexer and the recipe import no circle."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def embedding(self) -> EmbeddingService: ...
+
+    @property
+    def background(self) -> _Indexer: ...
+
 
 #: While the background indexer works on a vault, an on-demand caller still embeds this few missing
 #: fragments itself (a note just added), not more.
@@ -64,7 +90,7 @@ class Coverage:
 class VectorView:
     """The vectors of one vault index under one embedder, with the service that embeds for it."""
 
-    def __init__(self, engine: RagEngine, store: VaultStore, idx: VaultIndex, embedder: Embedder, space: VectorSpace) -> None:
+    def __init__(self, engine: ViewEngine, store: VaultStore, idx: VaultIndex, embedder: Embedder, space: VectorSpace) -> None:
         self.engine = engine
         self.service: EmbeddingService = engine.embedding
         self.store = store
@@ -162,7 +188,7 @@ class VectorView:
         return self.space.search(vec, k, allowed=allowed, min_score=min_score, windows=windows, best_windows=best_windows)
 
 
-def open_view(engine: RagEngine, store: VaultStore, idx: VaultIndex, embedder: Embedder | None = None) -> VectorView:
+def open_view(engine: ViewEngine, store: VaultStore, idx: VaultIndex, embedder: Embedder | None = None) -> VectorView:
     """Attach (or reuse) the vectors of ``embedder`` (default: the active one) to ``idx``.
 
     A remote service of unknown width answers one probe query first (outside the index lock, after
@@ -187,4 +213,4 @@ def open_view(engine: RagEngine, store: VaultStore, idx: VaultIndex, embedder: E
     return VectorView(engine, store, idx, embedder, space)
 
 
-__all__ = ["BACKGROUND_ON_DEMAND", "Coverage", "VectorView", "open_view"]
+__all__ = ["BACKGROUND_ON_DEMAND", "Coverage", "VectorView", "ViewEngine", "open_view"]

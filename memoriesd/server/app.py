@@ -7,9 +7,10 @@ process; tests build one in-process with :func:`memoriesd.main.build_app`. The p
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..config import Config
 from ..errors import MemoriesError, UnknownMethod, VaultLocked
@@ -21,10 +22,21 @@ from ..watch import WatchService
 from .config_watch import ConfigWatch
 from .context import Context
 from .grants import GrantUses, run_granted
-from .method import Handler, MethodTable
+from .method import MethodTable
 
-if TYPE_CHECKING:
-    from .daemon import Server
+#: A method's implementation in this application (see :mod:`.method`).
+Handler = Callable[["App", Context], dict[str, Any]]
+
+
+class Serving(Protocol):
+    """What a role's loops watch of the server that runs them (:class:`memoriesd.server.daemon.Server`)."""
+
+    @property
+    def stopping(self) -> asyncio.Event: ...
+
+    @property
+    def active(self) -> int:
+        """Accepted client connections not closed yet."""
 
 
 class Role(Protocol):
@@ -34,7 +46,7 @@ class Role(Protocol):
     def handler(self, name: str) -> Handler | None:
         """The handler this process runs for ``name`` (None: an unknown method)."""
 
-    def loops(self, server: Server) -> list[Coroutine[Any, Any, None]]:
+    def loops(self, server: Serving) -> list[Coroutine[Any, Any, None]]:
         """Background coroutines the server runs while it serves."""
 
     def close(self) -> None:
@@ -51,7 +63,7 @@ class App:
         self,
         home: Home,
         config: Config,
-        methods: MethodTable,
+        methods: MethodTable[App],
         config_watch: ConfigWatch | None = None,
         vaults: VaultManager | None = None,
     ) -> None:
@@ -85,11 +97,11 @@ class App:
         try:
             if ctx.grant is None:
                 return handler(self, ctx)
-            return run_granted(self, ctx, method, handler)
+            return run_granted(self, ctx, method, handler, self.methods.get(method))
         except KeyWiped as exc:  # the vault was locked under the operation (past the drain bound)
             raise VaultLocked("the vault was locked during the operation: unlock it and run the command again") from exc
         finally:
             ctx.release()
 
 
-__all__ = ["App", "Role"]
+__all__ = ["App", "Role", "Serving", "Handler"]

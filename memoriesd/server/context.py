@@ -6,13 +6,11 @@ import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import Cancelled, InvalidParams
 from ..text.unicode import unpaired_surrogate
 
-if TYPE_CHECKING:
-    from .grants import PresentedGrant
 
 class _Missing(enum.Enum):
     """No default given: the parameter is required."""
@@ -111,6 +109,17 @@ def _check_unicode(name: str, value: str) -> None:
     """JSON can carry lone surrogates ("\\ud800"), which no UTF-8 file can hold: refuse them here."""
     if unpaired_surrogate(value) is not None:
         raise InvalidParams(f"parameter {name} is not valid Unicode text (it holds a lone surrogate)")
+
+
+@dataclass
+class PresentedGrant:
+    """What a connection presented (``session.grant``): the ids from the token, and the token to
+    verify it with (:mod:`.grants` checks it at every request)."""
+
+    vault_id: str
+    grant_id: str
+    token: str = field(repr=False)
+    poisoned: bool = False  # the token did not verify: the connection is refused everything
 
 
 @dataclass

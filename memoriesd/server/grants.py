@@ -27,21 +27,21 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import GrantInvalid, Internal, MemoriesError, NotFound, ScopeDenied, UsageError, VaultLocked
 from ..vault import crypto
 from ..vault.records import UNSEARCHABLE_KINDS, Record, new_record_id
 from ..vault.rekey import Rekeying
 from ..vault.store import Setting, VaultStore
-from .context import Context, Params
+from .context import Context, Params, PresentedGrant
 
 if TYPE_CHECKING:
+    from ..home import Home
     from ..vault.manager import VaultManager
-    from .app import App
-    from .daemon import Connection
-    from .method import Handler
+    from .method import Method
 
 log = logging.getLogger("memoriesd.grants")
 
@@ -64,14 +64,10 @@ _ID = re.compile(r"^[a-z0-9]{6,32}$")
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{43,128}$")
 
 
-@dataclass
-class PresentedGrant:
-    """What a connection presented: the ids from the token, and the token to verify it with."""
+class GrantHolder(Protocol):
+    """A connection as ``session.grant`` sees it (:class:`memoriesd.server.daemon.Connection`)."""
 
-    vault_id: str
-    grant_id: str
-    token: str = field(repr=False)
-    poisoned: bool = False  # the token did not verify: the connection is refused everything
+    grant: PresentedGrant | None
 
 
 @dataclass(frozen=True)
@@ -193,7 +189,24 @@ class GrantUses:
 # ---------------------------------------------------------------------------- verification
 
 
-def verify(app: App, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]:
+class GrantHost(Protocol):
+    """What the grant checks use of the application (:class:`memoriesd.server.app.App`)."""
+
+    @property
+    def home(self) -> Home: ...
+
+    @property
+    def vaults(self) -> VaultManager: ...
+
+    @property
+    def grant_uses(self) -> GrantUses: ...
+
+
+#: The application a grant connection's handler is given (bound: it is a :class:`GrantHost`).
+_A = TypeVar("_A", bound=GrantHost)
+
+
+def verify(app: GrantHost, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]:
     """The unlocked store and grant record, or the error the grant's holder must see."""
     if grant.poisoned:
         raise _revoked()
@@ -222,7 +235,7 @@ def verify(app: App, grant: PresentedGrant) -> tuple[VaultStore, dict[str, Any]]
     return store, rec
 
 
-def present_grant(app: App, conn: Connection, params: Params) -> dict[str, Any]:
+def present_grant(app: GrantHost, conn: GrantHolder, params: Params) -> dict[str, Any]:
     """`session.grant {token}`: from now on this connection may do only what the grant allows."""
     if conn.grant is not None:
         raise UsageError("this connection has already presented a grant: open a new connection for another one")
@@ -260,10 +273,9 @@ def presented(ctx: Context) -> PresentedGrant:
     return ctx.grant
 
 
-def authorize(app: App, ctx: Context, method_name: str) -> None:
+def authorize(app: GrantHost, ctx: Context, method_name: str, declared: Method[_A] | None) -> None:
     """Before a handler on a grant connection: scope, vault, validity; rewrite the params."""
     grant = presented(ctx)
-    declared = app.methods.get(method_name)
     scope = declared.scope if declared is not None else None
     if declared is None or scope is None:
         raise ScopeDenied(
@@ -323,13 +335,15 @@ def _missing_like(store: VaultStore, record_id: str, revision: int | None) -> No
     return NotFound(f"no record {record_id} in this vault")  # pragma: no cover - probe cannot exist
 
 
-def run_granted(app: App, ctx: Context, method_name: str, handler: Handler) -> dict[str, Any]:
+def run_granted(
+    app: _A, ctx: Context, method_name: str, handler: Callable[[_A, Context], dict[str, Any]], declared: Method[_A] | None
+) -> dict[str, Any]:
     """A grant connection's call: authorize, run, and filter what comes back.
 
     ``memory.read`` failures are re-worded as for an id that does not exist, so that a hidden
     record cannot be told apart by asking for a revision it lacks.
     """
-    authorize(app, ctx, method_name)
+    authorize(app, ctx, method_name, declared)
     try:
         result = handler(app, ctx)
     except NotFound:
@@ -340,7 +354,7 @@ def run_granted(app: App, ctx: Context, method_name: str, handler: Handler) -> d
     return filter_result(app, ctx, method_name, result)
 
 
-def filter_result(app: App, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
+def filter_result(app: GrantHost, ctx: Context, method_name: str, result: dict[str, Any]) -> dict[str, Any]:
     """After a handler: drop a late result, hide what a grant may never see."""
     store, rec = verify(app, presented(ctx))  # expired, revoked or locked meanwhile: the result is dropped
     cards_only = bool(rec.get("cards_only"))
@@ -436,7 +450,7 @@ def _forget_view(store: VaultStore, result: dict[str, Any], rec: dict[str, Any])
     return out
 
 
-def granted_targets(app: App, ctx: Context, targets: list[Any], named: list[str]) -> list[Any]:
+def granted_targets(app: GrantHost, ctx: Context, targets: list[Any], named: list[str]) -> list[Any]:
     """What a grant's ``memory.forget`` may take: only records it may see.
 
     A named id it may not see (private, credential, file, deleted, or missing) is refused exactly

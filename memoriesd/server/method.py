@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 if TYPE_CHECKING:
-    from .app import App
     from .context import Context
 
+#: The application a handler is given (:class:`memoriesd.server.app.App`): a type parameter, so that
+#: this module (read by app, grants and the roles) needs nothing above it.
+AppT = TypeVar("AppT")
 #: A method's implementation: the application and the request's context in, a JSON-able dict out.
-Handler = Callable[["App", "Context"], dict[str, Any]]
+Handler = Callable[[AppT, "Context"], dict[str, Any]]
 
 #: Where a request for the method is served:
 #: ``vault`` the process of the vault it names (the router when it names none);
@@ -33,7 +35,7 @@ GRANT_SCOPES = ("search", "read", "retrieve", "ask", "context", "remember", "cap
 
 
 @dataclass(frozen=True)
-class Method:
+class Method(Generic[AppT]):
     """One protocol method and everything the daemon must know about it.
 
     ``scope``: the grant scope a grant connection needs to call it, with ``grant_params`` the only
@@ -44,7 +46,7 @@ class Method:
     """
 
     name: str
-    handler: Handler
+    handler: Handler[AppT]
     scope: str | None = None
     route: Route = "vault"
     locked_ok: bool = False
@@ -63,20 +65,20 @@ class Method:
             raise ValueError(f"{self.name}: grant_params without a grant scope")
 
 
-class MethodTable:
+class MethodTable(Generic[AppT]):
     """Every method the daemon serves, by name (a name declared twice is a bug, refused at start)."""
 
-    def __init__(self, methods: Iterable[Method]) -> None:
-        self._methods: dict[str, Method] = {}
+    def __init__(self, methods: Iterable[Method[AppT]]) -> None:
+        self._methods: dict[str, Method[AppT]] = {}
         for m in methods:
             if m.name in self._methods:
                 raise ValueError(f"method {m.name} is declared twice")
             self._methods[m.name] = m
 
-    def get(self, name: str) -> Method | None:
+    def get(self, name: str) -> Method[AppT] | None:
         return self._methods.get(name)
 
-    def handler(self, name: str) -> Handler | None:
+    def handler(self, name: str) -> Handler[AppT] | None:
         m = self._methods.get(name)
         return m.handler if m is not None else None
 
@@ -90,7 +92,7 @@ class MethodTable:
             and (resend_safe is None or m.resend_safe == resend_safe)
         )
 
-    def __iter__(self) -> Iterator[Method]:
+    def __iter__(self) -> Iterator[Method[AppT]]:
         return iter(self._methods.values())
 
     def __len__(self) -> int:
@@ -100,4 +102,4 @@ class MethodTable:
         return name in self._methods
 
 
-__all__ = ["Method", "MethodTable", "Handler", "Route", "ROUTES", "GRANT_SCOPES"]
+__all__ = ["Method", "MethodTable", "Handler", "AppT", "Route", "ROUTES", "GRANT_SCOPES"]

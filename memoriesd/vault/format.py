@@ -54,13 +54,13 @@ def b64e(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def b64d(text: Any) -> bytes:
+def b64d(text: object) -> bytes:
     if not isinstance(text, str):
         raise ValueError("not base64 text")
     return base64.b64decode(text.encode("ascii"), validate=True)
 
 
-def canonical(obj: Any) -> bytes:
+def canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 

@@ -48,7 +48,7 @@ class Setting:
     """A vault-level value kept in the log (policy, grants...)."""
 
     key: str
-    value: Any  # None deletes
+    value: object  # None deletes
 
 
 @dataclass

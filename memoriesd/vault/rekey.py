@@ -12,7 +12,17 @@ from typing import Any
 
 from ..errors import DiskError
 from . import crypto, fsio
-from .format import HEAD_NAME, HEADER_NAME, DirSyncFailed, atomic_write, fsync_dir, log_name, seal_head
+from .format import (
+    HEAD_NAME,
+    HEADER_NAME,
+    DirSyncFailed,
+    Head,
+    Header,
+    atomic_write,
+    fsync_dir,
+    log_name,
+    seal_head,
+)
 from .keys import VaultKeys
 from .keywrap import KdfParams, new_header, why
 from .recovery import REKEY_PREFIX, discard_rekey, finish_rekey
@@ -73,13 +83,7 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
     parts = parts or RekeyParts()
     with store.lock:
         store._check_writable()
-        try:
-            discard_rekey(store.dir, store.vault_id)  # left by an earlier attempt (unlock removes them too)
-        except OSError as exc:
-            raise DiskError(
-                f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}): "
-                f"check the disk and try again"
-            ) from exc
+        _clear_earlier_attempt(store)
         new_key = crypto.new_key()
         rk = Rekeying(store, new_key)
         records = crypto.Sealer(new_key, crypto.LABEL_RECORDS)
@@ -88,41 +92,8 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
         try:
             header = new_header(store.header, new_passphrase, new_key, kdf)
             epoch = store.head.epoch + 1
-            stats: dict[str, int] = {}
-            setting = parts.setting
-            try:
-                entries, _, settings = store._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
-                new_head = store._write_log(rk.staged(log_name(epoch)), epoch, entries, records)
-                for stage in parts.stage:
-                    stats.update(stage(rk) or {})
-                # Staged last: a staged head exists only once everything it needs is durable.
-                atomic_write(rk.staged(HEAD_NAME), seal_head(head_sealer, store.vault_id, new_head))
-            except BaseException as exc:
-                _unstage(store)
-                if isinstance(exc, OSError):
-                    raise DiskError(
-                        f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
-                        f"nothing changed: check the disk (a key change needs room for a second copy of the "
-                        f"vault) and try again"
-                    ) from exc
-                raise
-            try:  # the switch: header.json wraps the new key
-                atomic_write(store.dir / HEADER_NAME, header.to_bytes())
-            except DirSyncFailed as exc:
-                # header.json wraps the new key now, but the rename may not survive a power loss:
-                # nothing is moved, so whichever header comes back finds its own files at unlock.
-                store.refuse_writes(why(exc))
-                raise DiskError(
-                    f"vault {store.name}: the new key was written but the disk reported an error ({why(exc)}), "
-                    f"so after a crash the old passphrase may be the one that opens it: check the disk, then "
-                    f"unlock the vault (try the new passphrase, then the old one)"
-                ) from exc
-            except OSError as exc:
-                _unstage(store)
-                raise DiskError(
-                    f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
-                    f"nothing changed: check the disk and try again"
-                ) from exc
+            new_head, settings, stats = _stage(rk, parts, epoch, records, head_sealer)
+            _switch_header(store, header)
             switched = True
         finally:
             if not switched:
@@ -130,18 +101,84 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
                 head_sealer.wipe()
                 crypto.wipe(new_key)
         store.adopt_key(new_key, records, head_sealer, header, new_head, settings)
-        try:
-            finish_rekey(store.dir, store.vault_id, epoch)
-            fsio.unlink(store.dir / log_name(epoch - 1), missing_ok=True)  # sealed under the old key
-            fsync_dir(store.dir)
-        except OSError as exc:
-            store.refuse_writes(why(exc))
-            raise DiskError(
-                f"vault {store.name}: the key was changed, but the disk reported an error ({why(exc)}) while "
-                f"putting the new files in place: check the disk, then unlock the vault with the new "
-                f"passphrase (unlock finishes it)"
-            ) from exc
+        _move_into_place(store, epoch)
         return stats
+
+
+def _clear_earlier_attempt(store: VaultStore) -> None:
+    """Remove the staged files an earlier key change left (unlock removes them too)."""
+    try:
+        discard_rekey(store.dir, store.vault_id)
+    except OSError as exc:
+        raise DiskError(
+            f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}): "
+            f"check the disk and try again"
+        ) from exc
+
+
+def _stage(
+    rk: Rekeying, parts: RekeyParts, epoch: int, records: crypto.Sealer, head_sealer: crypto.Sealer
+) -> tuple[Head, dict[str, Any], dict[str, int]]:
+    """Write the new key's log (every revision, as ``epoch``), each derived file ``parts.stage``
+    re-seals and, last, the head, all as fsynced ``rekey-*`` files: the new head, the settings as
+    the new log holds them and the stages' counts. On failure nothing staged is left and the
+    vault is as it was."""
+    store = rk.store
+    stats: dict[str, int] = {}
+    setting = parts.setting
+    try:
+        entries, _, settings = store._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
+        new_head = store._write_log(rk.staged(log_name(epoch)), epoch, entries, records)
+        for stage in parts.stage:
+            stats.update(stage(rk) or {})
+        # Staged last: a staged head exists only once everything it needs is durable.
+        atomic_write(rk.staged(HEAD_NAME), seal_head(head_sealer, store.vault_id, new_head))
+    except BaseException as exc:
+        _unstage(store)
+        if isinstance(exc, OSError):
+            raise DiskError(
+                f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
+                f"nothing changed: check the disk (a key change needs room for a second copy of the "
+                f"vault) and try again"
+            ) from exc
+        raise
+    return new_head, settings, stats
+
+
+def _switch_header(store: VaultStore, header: Header) -> None:
+    """The switch: ``header.json`` wraps the new key from now on (one atomic replace)."""
+    try:
+        atomic_write(store.dir / HEADER_NAME, header.to_bytes())
+    except DirSyncFailed as exc:
+        # header.json wraps the new key now, but the rename may not survive a power loss:
+        # nothing is moved, so whichever header comes back finds its own files at unlock.
+        store.refuse_writes(why(exc))
+        raise DiskError(
+            f"vault {store.name}: the new key was written but the disk reported an error ({why(exc)}), "
+            f"so after a crash the old passphrase may be the one that opens it: check the disk, then "
+            f"unlock the vault (try the new passphrase, then the old one)"
+        ) from exc
+    except OSError as exc:
+        _unstage(store)
+        raise DiskError(
+            f"the key of vault {store.name} was not changed: the disk reported an error ({why(exc)}); "
+            f"nothing changed: check the disk and try again"
+        ) from exc
+
+
+def _move_into_place(store: VaultStore, epoch: int) -> None:
+    """After the switch: the staged files take their names and the old key's log goes."""
+    try:
+        finish_rekey(store.dir, store.vault_id, epoch)
+        fsio.unlink(store.dir / log_name(epoch - 1), missing_ok=True)  # sealed under the old key
+        fsync_dir(store.dir)
+    except OSError as exc:
+        store.refuse_writes(why(exc))
+        raise DiskError(
+            f"vault {store.name}: the key was changed, but the disk reported an error ({why(exc)}) while "
+            f"putting the new files in place: check the disk, then unlock the vault with the new "
+            f"passphrase (unlock finishes it)"
+        ) from exc
 
 
 def _unstage(store: VaultStore) -> None:

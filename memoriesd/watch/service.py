@@ -22,11 +22,13 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import WatchConfig, load_config
 from ..errors import Cancelled, MemoriesError, VaultLocked
+from ..rag.host import Host
 from ..vault.crypto import KeyWiped
 from ..vault.live import VaultLock
 from .sync import FolderProblem, check_root, folder_wanted, sync, wanted
@@ -43,7 +45,7 @@ RETRY_SECONDS = 30.0
 class _SyncContext:
     """The request context of a sync: its stop checks (daemon stopping, vault closing)."""
 
-    def __init__(self, stop: threading.Event, check: Any) -> None:
+    def __init__(self, stop: threading.Event, check: Callable[[], None]) -> None:
         self._stop = stop
         self._check = check
 
@@ -128,7 +130,7 @@ def _start_error(exc: OSError) -> str:
 class WatchService:
     """Every folder watch of the daemon (see the module docstring)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self._cond = threading.Condition()
         self._watches: tuple[WatchConfig, ...] = app.config.watch.folders

@@ -18,9 +18,9 @@ import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..config import WatchConfig
+from ..rag.host import Work
 from ..rag.ingest import IngestRequest, run_ingest
 from ..text.files import TEXT_SUFFIXES, leaves_folder
 from ..vault.records import Record, now
@@ -155,7 +155,7 @@ def _stamp(path: str) -> tuple[int, int] | None:
 def sync(
     store: VaultStore,
     watch: WatchConfig,
-    ctx: Any,
+    ctx: Work,
     *,
     paths: Iterable[str] = (),
     folders: Iterable[str] = (),
@@ -201,7 +201,7 @@ def sync(
     return result
 
 
-def _ingest(store: VaultStore, watch: WatchConfig, ctx: Any, files: list[str], max_bytes: int, result: SyncResult) -> None:
+def _ingest(store: VaultStore, watch: WatchConfig, ctx: Work, files: list[str], max_bytes: int, result: SyncResult) -> None:
     """Ingest ``files``; a card that is private stays private (its file's changes stay unsearchable)."""
     cards = _cards(store)
     private = {p for p in files if (c := cards.get(_key(p))) is not None and c.private}

@@ -17,7 +17,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchdog.events import FileSystemEvent
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("memoriesd.watch")
 
@@ -59,7 +63,7 @@ class Pending:
         return len(self.paths) + len(self.folders)
 
 
-def _event_types() -> list[Any]:
+def _event_types() -> list[type[FileSystemEvent]]:
     from watchdog.events import (
         DirCreatedEvent,
         DirDeletedEvent,
@@ -93,7 +97,7 @@ class FolderWatcher:
         self.recursive = recursive
         self._on_path = on_path
         self._on_folder = on_folder
-        self._observer: Any = None
+        self._observer: BaseObserver | None = None
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -104,7 +108,7 @@ class FolderWatcher:
         watcher = self
 
         class Handler(FileSystemEventHandler):
-            def on_any_event(self, event: Any) -> None:
+            def on_any_event(self, event: FileSystemEvent) -> None:
                 try:
                     watcher._dispatch(event, EventsLostEvent)
                 except Exception:  # never let one odd event end the observer
@@ -122,7 +126,7 @@ class FolderWatcher:
         with self._lock:
             self._observer = observer
 
-    def _dispatch(self, event: Any, lost: type) -> None:
+    def _dispatch(self, event: FileSystemEvent, lost: type) -> None:
         src = os.fsdecode(event.src_path) if event.src_path else ""
         dest = os.fsdecode(event.dest_path) if event.dest_path else ""
         if isinstance(event, lost):
@@ -148,7 +152,7 @@ class FolderWatcher:
             self._stop_observer(observer)
 
     @staticmethod
-    def _stop_observer(observer: Any) -> None:
+    def _stop_observer(observer: BaseObserver) -> None:
         try:
             observer.stop()
             if observer.is_alive():

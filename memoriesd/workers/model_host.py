@@ -14,13 +14,14 @@ import subprocess
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Internal, MemoriesError, ModelUnavailable
 from .process import EXIT_GRACE_SECONDS, child_command
 
 if TYPE_CHECKING:
-    from .router import Router
+    from ..home import Home
+    from ..server.app import App
 
 log = logging.getLogger("memoriesd.workers")
 
@@ -28,10 +29,28 @@ log = logging.getLogger("memoriesd.workers")
 MODEL_READY_SECONDS = 300.0
 
 
+class ModelOwner(Protocol):
+    """What the model process's host uses of the router that owns it (:class:`memoriesd.workers.router.Router`)."""
+
+    @property
+    def app(self) -> App: ...
+
+    @property
+    def home(self) -> Home: ...
+
+    @property
+    def keep_fds(self) -> tuple[int, ...]:
+        """File descriptors a child keeps (the daemon's lock)."""
+
+    @property
+    def closed(self) -> bool:
+        """The daemon is stopping: no process is started any more."""
+
+
 class ModelHost:
     """The model process: one for every vault, started on demand, ended after a vault that used it locks."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: ModelOwner) -> None:
         self.router = router
         self._gate = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -110,4 +129,4 @@ class ModelHost:
         return proc.pid if proc is not None and not self.ended.is_set() else None
 
 
-__all__ = ["ModelHost", "MODEL_READY_SECONDS"]
+__all__ = ["ModelHost", "ModelOwner", "MODEL_READY_SECONDS"]

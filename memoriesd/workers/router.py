@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Busy, Internal, MemoriesError, NotFound, ProtocolError
 from ..server.context import Context, Params
 from ..server.grants import _locked, _revoked
-from ..server.method import Handler, Method
+from ..server.method import Method
 from ..server.methods import vaults as vault_methods
 from ..vault.live import locked_error
 from ..vault.records import new_record_id
@@ -46,8 +46,7 @@ from .model_host import ModelHost
 from .process import EXIT_GRACE_SECONDS, child_command
 
 if TYPE_CHECKING:
-    from ..server.app import App
-    from ..server.daemon import Server
+    from ..server.app import App, Handler, Serving
 
 log = logging.getLogger("memoriesd.workers")
 
@@ -87,7 +86,7 @@ def model_route(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The router's own methods (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("vault.route", vault_route, route="router"),
     Method("model.route", model_route, route="router"),
 ]
@@ -189,7 +188,7 @@ class Router:
     def ending_error(self) -> MemoriesError:
         return Busy("memoriesd is stopping: run the command again in a moment")
 
-    def loops(self, server: Server) -> list[Coroutine[Any, Any, None]]:
+    def loops(self, server: Serving) -> list[Coroutine[Any, Any, None]]:
         threading.Thread(target=self._ensure_spare, name="memoriesd-spare", daemon=True).start()
         return []
 

@@ -37,7 +37,6 @@ from ..config import Config
 from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists
 from ..home import Home
 from ..server.context import Context
-from ..server.method import Handler
 from ..vault.live import LiveVault
 from ..vault.manager import VaultManager, validate_name
 from ..vault.rekey import RekeyParts
@@ -45,8 +44,7 @@ from ..vault.store import VaultStore
 from .routes import ENDING
 
 if TYPE_CHECKING:
-    from ..server.app import App
-    from ..server.daemon import Server
+    from ..server.app import App, Handler, Serving
 
 log = logging.getLogger("memoriesd.workers")
 
@@ -199,7 +197,7 @@ class WorkerRole:
 
         return served
 
-    def loops(self, server: Server) -> list[Coroutine[Any, Any, None]]:
+    def loops(self, server: Serving) -> list[Coroutine[Any, Any, None]]:
         # jieba's dictionary loads while the process waits (a spare, or the first request's round trip);
         # in a thread of its own, so that a lock right after start never waits for it.
         threading.Thread(target=self._app().rag.warm, name="memoriesd-warm", daemon=True).start()
@@ -247,7 +245,7 @@ class WorkerRole:
         finally:
             self._app().request_stop()
 
-    async def _life(self, server: Server) -> None:
+    async def _life(self, server: Serving) -> None:
         self.say("ready")
         threading.Thread(target=self._control, name="memoriesd-control", daemon=True).start()
         while not server.stopping.is_set():
@@ -266,7 +264,7 @@ class WorkerRole:
             await self._drain_arrivals(server)
             server.stopping.set()  # locked (or never unlocked): the process ends, its memory with it
 
-    async def _drain_arrivals(self, server: Server) -> None:
+    async def _drain_arrivals(self, server: Serving) -> None:
         """Requests routed here before the router read ``closing`` (a retry right after a wrong
         passphrase) are answered ``vault_process_ending`` (nothing runs, the client asks the route
         again) instead of finding their connection reset: wait until no connection has been open for

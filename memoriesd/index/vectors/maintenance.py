@@ -13,11 +13,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from ...vault import crypto
 from ...vault.keys import VaultKeys
+from ...vault.rekey import Rekeying
+from ...vault.store import VaultStore
 from ..docs import embed_input
 from .matrix import vector_bytes
 from .names import (
@@ -38,6 +41,30 @@ from .sidecar import VectorStore
 log = logging.getLogger("memoriesd.vectors")
 
 
+
+class _Space(Protocol):
+    """The index's vector space (:class:`memoriesd.index.vectors.space.VectorSpace`) as compaction uses it."""
+
+    @property
+    def lock(self) -> AbstractContextManager[object]: ...
+
+    @property
+    def sidecar(self) -> VectorStore: ...
+
+    def retain(self, keep: Collection[str], rename: dict[str, str] | None = None) -> tuple[int, int] | None: ...
+
+
+class LockedIndex(Protocol):
+    """What :func:`compact_vectors` holds of a vault's index (:class:`memoriesd.index.caches.VaultIndex`):
+    its lock, and the lock of its vector space when it has one."""
+
+    @property
+    def lock(self) -> AbstractContextManager[object]: ...
+
+    @property
+    def vectors(self) -> _Space | None: ...
+
+
 def sidecar_id(keys: VaultKeys, identity: str) -> str:
     """The opaque file id of a model's vector sidecar in a vault (the model identity is not on disk)."""
     return keys.mac(crypto.LABEL_VECTOR_NAMES, identity.encode("utf-8")).hex()[:32]
@@ -46,7 +73,7 @@ def sidecar_id(keys: VaultKeys, identity: str) -> str:
 _spaces_lock = threading.Lock()  # read-modify-write of a vault's vector-spaces.bin
 
 
-def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) -> None:
+def register_space(store: VaultStore, sealer: crypto.Sealer, identity: str, dims: int) -> None:
     """Note in the vault's sealed space list that ``identity`` (``dims``) is in use now, so
     compaction can open its sidecar and status can count it before the model is loaded."""
     oid = sidecar_id(store.keys, identity)
@@ -58,7 +85,7 @@ def register_space(store: Any, sealer: crypto.Sealer, identity: str, dims: int) 
             log.warning("vault %s: cannot write the vector space list (%s)", store.vault_id, exc.strerror)
 
 
-def _embed_inputs(store: Any, fp_key: bytes, *, legacy: bool, windows: bool) -> Iterator[tuple[str | None, str, str | None]]:
+def _embed_inputs(store: VaultStore, fp_key: bytes, *, legacy: bool, windows: bool) -> Iterator[tuple[str | None, str, str | None]]:
     """``(title, text, old-scheme key or None)`` of what the embedder reads for every fragment (then
     turn window) of the vault's live, searchable records, as the index builds them."""
     from ..docs import index_doc
@@ -76,7 +103,7 @@ def _embed_inputs(store: Any, fp_key: bytes, *, legacy: bool, windows: bool) -> 
                 yield title, text, None
 
 
-def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True) -> list[tuple[str, str | None]]:
+def live_fragment_keys(store: VaultStore, *, legacy: bool = False, windows: bool = True) -> list[tuple[str, str | None]]:
     """``(content key, old-scheme key or None)`` of every fragment of the vault's live, searchable
     records (one per fragment), computed exactly as the index does (same fragments, same
     fingerprint subkey, same embedder input); builds no index. ``legacy``: also the key the
@@ -92,7 +119,7 @@ def live_fragment_keys(store: Any, *, legacy: bool = False, windows: bool = True
         crypto.wipe(fp_key)
 
 
-def rekey_vectors(rk: Any) -> dict[str, int]:
+def rekey_vectors(rk: Rekeying) -> dict[str, int]:
     """A key change's stage for sealed vectors (:class:`~memoriesd.vault.rekey.Rekeying`): every
     sidecar whose model the space list names is sealed again under the new key, named for it, its
     vectors keyed by the new key's content keys, each row in the encoding it had; the space list
@@ -135,7 +162,7 @@ def rekey_vectors(rk: Any) -> dict[str, int]:
         new.wipe()
 
 
-def _rekey_map(store: Any, new_keys: VaultKeys) -> dict[str, str]:
+def _rekey_map(store: VaultStore, new_keys: VaultKeys) -> dict[str, str]:
     """Old content key (and old-scheme key) -> the new key's content key, of every live fragment
     and turn window: the same model input under the two fingerprint subkeys."""
     old_fp = store.keys.subkey(crypto.LABEL_FINGERPRINT)
@@ -157,7 +184,7 @@ def _legacy_rename(pairs: Sequence[tuple[str, str | None]]) -> dict[str, str]:
     return {old: new for new, old in pairs if old is not None}
 
 
-def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
+def compact_vectors(store: VaultStore, vault_index: LockedIndex | None = None) -> dict[str, int]:
     """After the log is compacted: rewrite every sealed sidecar of the vault whose model the space
     list knows so it holds only vectors of live, searchable fragments (deleted records, old revisions
     and old titles go); a sidecar left empty is removed. A sidecar of unknown identity (written
@@ -208,7 +235,7 @@ def compact_vectors(store: Any, vault_index: Any = None) -> dict[str, int]:
 
 
 def sealed_status(
-    store: Any, *, identity: str | None, dims: int | None, remote: bool, windows: bool = True
+    store: VaultStore, *, identity: str | None, dims: int | None, remote: bool, windows: bool = True
 ) -> dict[str, Any] | None:
     """``rag status`` before vectors are loaded: how many live fragments (and, with ``windows``,
     turn windows) have a sealed vector.

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -46,8 +46,33 @@ from .rewrite import repack, retain
 from .sidecar import VectorStore
 from .windows import search_with_windows
 
-if TYPE_CHECKING:  # caches.py builds VectorSpace: a run-time import would be circular
-    from ..caches import VaultIndex
+if TYPE_CHECKING:
+    from ...config import CacheConfig
+    from ...text.fragments import Fragment
+    from ...vault.store import VaultStore
+    from ..docs import IndexedDoc
+
+
+class IndexedFragments(Protocol):
+    """What a vector space reads of its vault's index (:class:`memoriesd.index.caches.VaultIndex`,
+    which holds the space: named by this Protocol so that the two import no circle)."""
+
+    @property
+    def store(self) -> VaultStore: ...
+
+    @property
+    def vault_id(self) -> str: ...
+
+    @property
+    def cache_cfg(self) -> CacheConfig: ...
+
+    def fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment]: ...
+
+    def get_fragment(self, frag_id: int) -> tuple[IndexedDoc, Fragment] | None: ...
+
+    def live_frag_ids(self) -> list[int]: ...
+
+    def live_vector_ids(self, windows: bool) -> list[int]: ...
 
 log = logging.getLogger("memoriesd.vectors")
 BATCH_FRAGMENTS = 32
@@ -77,7 +102,7 @@ def _key_hashes(keys: Sequence[str]) -> np.ndarray:
 class VectorSpace:
     """The vectors of one :class:`~memoriesd.index.caches.VaultIndex` under one embedder."""
 
-    def __init__(self, vault_index: VaultIndex, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
+    def __init__(self, vault_index: IndexedFragments, identity: str, dims: int, max_vector_mib: float, *, windows: bool = True) -> None:
         store = vault_index.store
         self.identity = identity
         self.windows = windows  # also a vector per turn window of conversation fragments (kinds.turns.turn_windows)
@@ -117,7 +142,7 @@ class VectorSpace:
 
     # ------------------------------------------------------------------ keys
 
-    def key_of(self, vault_index: VaultIndex, frag_id: int) -> str:
+    def key_of(self, vault_index: IndexedFragments, frag_id: int) -> str:
         """The content key of a live fragment's vector (see the module docstring): the one the
         restored lexical snapshot holds when it has it (computing it costs about 9 µs of CPU here,
         0.9 s per 100,000 fragments at the first vector search after unlock), else computed."""
@@ -145,7 +170,7 @@ class VectorSpace:
         fid = self._holder.get(self._short(key))
         return fid is not None and fid in self.index
 
-    def _held(self, vault_index: VaultIndex, key: str) -> np.ndarray | None:
+    def _held(self, vault_index: IndexedFragments, key: str) -> np.ndarray | None:
         """The vector of ``key`` if a fragment in the index has exactly that key."""
         fid = self._holder.get(self._short(key))
         if fid is None or fid not in self.index:
@@ -175,7 +200,7 @@ class VectorSpace:
 
     # ------------------------------------------------------------------ loading
 
-    def attach(self, vault_index: VaultIndex) -> None:
+    def attach(self, vault_index: IndexedFragments) -> None:
         """Give every live fragment the vector already known for its key (no embedding): from a
         fragment in the index with the same input, from the spares in memory, else (first use, or
         spares trimmed) from the sealed sidecar."""
@@ -232,7 +257,7 @@ class VectorSpace:
                 self._hold(found)
             self._trim_spares()
 
-    def _bulk_keys(self, vault_index: VaultIndex, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _bulk_keys(self, vault_index: IndexedFragments, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """``(fids, S32 content keys)`` of ``missing`` (every live fragment, at the first load):
         those the restored snapshot holds taken in bulk, the others computed."""
         keeper = getattr(vault_index, "keeper", None)
@@ -245,7 +270,7 @@ class VectorSpace:
         pairs += [(f, self.key_of(vault_index, f)) for f in missing if f not in have]
         return _key_arrays(dict(pairs))
 
-    def _keys_of(self, vault_index: VaultIndex, frag_ids: Sequence[int]) -> dict[int, str]:
+    def _keys_of(self, vault_index: IndexedFragments, frag_ids: Sequence[int]) -> dict[int, str]:
         """Content keys of live fragments (:meth:`key_of`), those the restored snapshot holds in bulk."""
         keeper = getattr(vault_index, "keeper", None)
         known = keeper.content_keys_of(vault_index, frag_ids) if keeper is not None else {}
@@ -308,7 +333,7 @@ class VectorSpace:
             log.info("vector cache %s rewritten in %s: %d vectors in %.2f s", self.sidecar.path.name,
                      self.sidecar.encoding, done, time.perf_counter() - t0)
 
-    def _load(self, vault_index: VaultIndex, keys: dict[int, str]) -> dict[str, np.ndarray]:
+    def _load(self, vault_index: IndexedFragments, keys: dict[int, str]) -> dict[str, np.ndarray]:
         """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
         keys) is re-keyed here, once: every live fragment's old key is mapped to its content key,
         and the file is rewritten atomically (vectors of no live fragment are left out; nothing is
@@ -388,7 +413,7 @@ class VectorSpace:
                 self._known = {k: v for k, v in self._known.items() if k in keep}
             return result
 
-    def missing(self, vault_index: VaultIndex) -> list[int]:
+    def missing(self, vault_index: IndexedFragments) -> list[int]:
         """Live fragments without a vector, except those recorded as skipped (cannot be embedded)."""
         with self.lock:
             out = self.index.absent(vault_index.live_vector_ids(self.windows))
@@ -401,7 +426,7 @@ class VectorSpace:
 
     def embed(
         self,
-        vault_index: VaultIndex,
+        vault_index: IndexedFragments,
         frag_ids: Sequence[int],
         embed_fn: Callable[[list[tuple[str | None, str]]], np.ndarray],
         *,

@@ -29,10 +29,15 @@ fragment's text in all, so a conversation takes about three times as long to emb
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...kinds.base import MAX_WINDOWS
 from ...kinds.registry import kinds
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .matrix import VectorIndex
 
 
 def _per_fragment() -> int:
@@ -65,8 +70,8 @@ def combine(fragment: float | None, best_window: float | None) -> float | None:
 
 
 def search_with_windows(
-    index: Any,
-    query: Any,
+    index: VectorIndex,
+    query: np.ndarray,
     k: int,
     *,
     allowed: Collection[int] | None = None,
@@ -99,7 +104,7 @@ def search_with_windows(
     best: list[float | None] = [None] * len(parents)
     which: list[int] = [-1] * len(parents)
     for (i, w), score in zip(wins, index.score(query, [w for _, w in wins]), strict=True):
-        if score is not None and (best[i] is None or score > best[i]):
+        if score is not None and ((b := best[i]) is None or score > b):
             best[i] = score
             which[i] = window_parent(w)[1]
     out: list[tuple[int, float]] = []

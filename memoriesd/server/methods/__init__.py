@@ -14,11 +14,16 @@ The router's own methods (``vault.route``, ``model.route``) are in :mod:`memorie
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..method import Method
 from . import conversations, extract, facts, grants, records, search, tidy, vaults
 
+if TYPE_CHECKING:
+    from ..app import App
+
 #: Every family's methods, in the order above.
-SERVER_METHODS: tuple[Method, ...] = (
+SERVER_METHODS: tuple[Method[App], ...] = (
     *vaults.METHODS,
     *records.METHODS,
     *search.METHODS,

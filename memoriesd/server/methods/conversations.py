@@ -57,7 +57,7 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.capture", memory_capture, scope="capture", owner_only=False, grant_params=('text', 'format', 'title', 'date', 'session_id', 'extract')),
 ]
 

@@ -99,7 +99,7 @@ def after_capture(app: App, vault: LiveVault, records: list[Record], ctx: Contex
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.extract", memory_extract),
 ]
 

@@ -129,7 +129,7 @@ def rag_context(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.remember", memory_remember, scope="remember", owner_only=False, grant_params=('text', 'category', 'key', 'importance')),
     Method("memory.facts", memory_facts),
     Method("memory.forget", memory_forget, scope="forget", owner_only=False, grant_params=('ids', 'query', 'scope', 'all', 'kind', 'dry_run')),

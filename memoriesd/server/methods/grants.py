@@ -139,7 +139,7 @@ def grant_revoke(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("grant.create", grant_create),
     Method("grant.list", grant_list),
     Method("grant.revoke", grant_revoke),

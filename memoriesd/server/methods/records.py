@@ -188,7 +188,7 @@ def memory_delete(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.add", memory_add),
     Method("memory.read", memory_read, scope="read", owner_only=False, grant_params=('id', 'revision')),
     Method("memory.history", memory_history),

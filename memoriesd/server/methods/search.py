@@ -327,7 +327,7 @@ def rag_model_install(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.search", memory_search, scope="search", owner_only=False, grant_params=('query', 'limit', 'match_mode', 'cards_only')),
     Method("rag.search", rag_search, scope="retrieve", owner_only=False, grant_params=('query', 'mode', 'limit', 'match_mode', 'no_rerank', 'min_score', 'cards_only')),
     Method("rag.ingest", rag_ingest),

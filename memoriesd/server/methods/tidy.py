@@ -62,7 +62,7 @@ def memory_prune(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("memory.summarize", memory_summarize),
     Method("memory.prune", memory_prune),
 ]

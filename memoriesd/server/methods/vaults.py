@@ -213,7 +213,7 @@ def vault_policy(app: App, ctx: Context) -> dict[str, Any]:
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
-METHODS: list[Method] = [
+METHODS: list[Method[App]] = [
     Method("daemon.status", daemon_status, route="both"),
     Method("daemon.stop", daemon_stop, route="router"),
     Method("vault.create", vault_create, route="create"),
