@@ -281,3 +281,20 @@ def all_file_bytes(root: Path) -> list[tuple[Path, bytes]]:
 
 
 __all__ = ["Daemon", "DaemonError", "Home", "run_cli", "cli_json", "create_vault", "short_tmpdir", "write_config", "SHARED", "REPO", "needs_shared"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Keep each phase's report on the test item, so a fixture can tell that its test failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def print_log_if_failed(request: pytest.FixtureRequest, d: Daemon) -> None:
+    """On a failed test, the daemon's log (it never holds note text, titles or secrets) goes to the
+    captured output pytest shows with the failure: what the vault processes did is then on record."""
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        print("---- memoriesd.log (last 200 lines) ----")
+        print("\n".join(d.log_text().splitlines()[-200:]))

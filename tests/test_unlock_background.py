@@ -23,7 +23,7 @@ from memoriesd.config import VaultConfig
 from memoriesd.index.keeper import _fragment
 from memoriesd.text.fragments import Fragment
 
-from .conftest import Daemon, DaemonError, create_vault, short_tmpdir
+from .conftest import Daemon, DaemonError, create_vault, print_log_if_failed, short_tmpdir
 from .test_watch import add_watch, synced, wait_for
 
 TIMEOUT = 120.0  # seconds for any one request: a deadlock fails the test instead of hanging it
@@ -71,7 +71,7 @@ def bm25(d: Daemon, vid: str, query: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def daemon() -> Iterator[Daemon]:
+def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
     root = short_tmpdir()
     home = root / "h"
     home.mkdir(mode=0o700)
@@ -79,6 +79,7 @@ def daemon() -> Iterator[Daemon]:
     d = Daemon(home).start()
     try:
         yield d
+        print_log_if_failed(request, d)
         assert d.stop() == 0
     finally:
         d.stop()
