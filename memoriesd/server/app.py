@@ -17,6 +17,7 @@ from ..errors import MemoriesError, UnknownMethod, VaultLocked
 from ..home import Home
 from ..rag.engine import RagEngine
 from ..vault.crypto import KeyWiped
+from ..vault.live import LiveVault
 from ..vault.manager import VaultManager
 from ..watch import WatchService
 from .config_watch import ConfigWatch
@@ -81,6 +82,10 @@ class App:
         self.grant_uses = GrantUses(self.vaults)
         self.rag = RagEngine(self)
         self.watch = WatchService(self)  # [[watch.folder]] folders, watched while their vault is unlocked
+
+    def lease(self, ctx: Context) -> LiveVault:
+        """The unlocked vault a request names in its ``vault`` parameter, leased for the request."""
+        return self.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
     def notices(self) -> list[str]:
         """Notices every reply carries (the frame's ``notices``): today, an edited config.toml."""

@@ -25,7 +25,7 @@ def memory_capture(app: App, ctx: Context) -> dict[str, Any]:
     """Parse the conversation(s) in ``text`` and store each session as a record (created, unchanged
     or revised); then extraction, when asked and allowed (the hook at the end)."""
     p = ctx.params
-    vault = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    vault = app.lease(ctx)
     store = vault.store
     text = p.text("text", allow_surrogates=True)  # parse() refuses a lone surrogate, naming its line
     fmt = p.choice("format", FORMATS, "auto")

@@ -30,7 +30,7 @@ OFF_NOTICE = "extraction is off for this vault: nothing was extracted (`memories
 def memory_extract(app: App, ctx: Context) -> dict[str, Any]:
     """Extract facts (and with a model, a summary) from one conversation record."""
     p = ctx.params
-    vault = app.vaults.use(p.text("vault", allow_empty=False), ctx)
+    vault = app.lease(ctx)
     store = vault.store
     req = ExtractRequest(p.text("record", allow_empty=False, max_len=100), p.choice("path", PATHS, "auto"))
     out = extract(app, vault, req, ctx)

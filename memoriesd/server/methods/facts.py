@@ -17,7 +17,7 @@ from ...memory.forget import SCOPES, purge, select_all, select_ids, select_query
 from ...memory.packs import build_pack
 from ...memory.recalls import recalls_of
 from ...rag.search import MODES
-from ...vault.live import LiveVault, VaultLock
+from ...vault.live import VaultLock
 from ...vault.records import KINDS
 from ..context import Context
 from ..method import Method
@@ -30,14 +30,11 @@ if TYPE_CHECKING:
 MAX_IDS = 10_000
 
 
-def _lease(app: App, ctx: Context) -> LiveVault:
-    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
-
 
 def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
     """Add a fact, or revise the current fact it restates (``action``: added, updated, unchanged)."""
     p = ctx.params
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     req = RememberRequest(
         text=p.text("text"),  # the length is checked by remember(), with a hint for long text
@@ -56,7 +53,7 @@ def memory_remember(app: App, ctx: Context) -> dict[str, Any]:
 
 def memory_facts(app: App, ctx: Context) -> dict[str, Any]:
     """The current facts (optionally of one category) with their recall counters."""
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     category = ctx.params.choice("category", CATEGORIES, None)
     order = {c: i for i, c in enumerate(CATEGORIES)}
@@ -68,7 +65,7 @@ def memory_facts(app: App, ctx: Context) -> dict[str, Any]:
 def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
     """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them."""
     p = ctx.params
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     ids = p.texts("ids", [])
     query = p.text("query", None, max_len=10_000)
@@ -117,7 +114,7 @@ def rag_context(app: App, ctx: Context) -> dict[str, Any]:
     """A token-budgeted context pack for a query: profile first, then the most relevant memories."""
     from .search import search_filter
 
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     p = ctx.params
     budget = p.integer("budget", app.config.context.budget)
     flt = search_filter(p)

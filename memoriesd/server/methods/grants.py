@@ -56,7 +56,7 @@ def _grants_of(store: VaultStore) -> list[dict[str, Any]]:
 
 def grant_create(app: App, ctx: Context) -> dict[str, Any]:
     p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     scopes = p.texts("scopes", list(DEFAULT_SCOPES))
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
@@ -113,7 +113,7 @@ def grant_list(app: App, ctx: Context) -> dict[str, Any]:
 def grant_revoke(app: App, ctx: Context) -> dict[str, Any]:
     p = ctx.params
     if p.flag("all", False):
-        store = app.vaults.use(p.text("vault", allow_empty=False), ctx).store
+        store = app.lease(ctx).store
         with store.exclusive():  # read and delete together: a grant in use cannot be written back between
             ids = sorted(str(r["id"]) for r in _grants_of(store))
             store.commit([Setting(SETTING_PREFIX + g, None) for g in ids])

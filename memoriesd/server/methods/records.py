@@ -49,7 +49,7 @@ def _check_body(body: str) -> None:
 
 
 def _store_for_write(app: App, ctx: Context) -> VaultStore:
-    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
+    return app.lease(ctx).store
 
 
 def memory_add(app: App, ctx: Context) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def _changed(app: App, store: VaultStore, rec: Record) -> None:
 
 
 def memory_read(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     rec = store.get(ctx.params.text("id", allow_empty=False), ctx.params.integer("revision", None, lo=1))
     out = rec.full()
     if rec.kind == "file" and ctx.params.flag("with_data", False):
@@ -99,7 +99,7 @@ def memory_read(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def memory_history(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     revs = store.history(ctx.params.text("id", allow_empty=False))
     return {
         "id": revs[0].id,
@@ -120,7 +120,7 @@ def memory_list(app: App, ctx: Context) -> dict[str, Any]:
     from ...rag.filters import parse_day, record_day
 
     p = ctx.params
-    store = app.vaults.use(p.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     kind = p.choice("kind", KINDS, None)
     tag = p.text("tag", None, max_len=100)
     since_text = p.text("since", None, max_len=40)

@@ -17,7 +17,7 @@ from ...rag.fusion import FUSIONS, Candidate
 from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
 from ...rag.vector_view import open_view
 from ...text.fragments import Fragment
-from ...vault.live import LiveVault, VaultLock
+from ...vault.live import VaultLock
 from ...vault.store import VaultStore
 from ..config_watch import name_config_path
 from ..context import Context, Params
@@ -28,9 +28,6 @@ if TYPE_CHECKING:
 def _engine(app: App) -> RagEngine:
     return app.rag
 
-
-def _lease(app: App, ctx: Context) -> LiveVault:
-    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
 
 
 def _search_request(ctx: Context, *, query_key: str = "query", default_limit: int = 10) -> SearchRequest:
@@ -126,7 +123,7 @@ def memory_search(app: App, ctx: Context) -> dict[str, Any]:
     index's bound of 10,000 fragments.
     Records a grant may not see are skipped here, so they do not take the place of visible ones.
     """
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     req = _search_request(ctx)
     limit = req.limit
@@ -155,7 +152,7 @@ def memory_search(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def rag_search(app: App, ctx: Context) -> dict[str, Any]:
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     req = _search_request(ctx)
     out = run_search(_engine(app), vault, req, ctx)
     results = fragment_results(out)
@@ -173,7 +170,7 @@ def rag_search(app: App, ctx: Context) -> dict[str, Any]:
 def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
     from ...rag.ingest import IngestRequest, run_ingest
 
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
 
     store = vault.store
     p = ctx.params
@@ -196,7 +193,7 @@ def rag_ingest(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def rag_status(app: App, ctx: Context) -> dict[str, Any]:
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     out = _engine(app).status(store)
     if out.get("cap_error"):  # a cap error shown inside the status names the config file, as an error frame does
@@ -213,7 +210,7 @@ def rag_watch_reload(app: App, ctx: Context) -> dict[str, Any]:
 def rag_index(app: App, ctx: Context) -> dict[str, Any]:
     """Embed fragments that lack a vector, within the operation budget; returns how far it got."""
     engine = _engine(app)
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     if not engine.embedding.available():
         raise ModelUnavailable(f"no embedding model is available: {INSTALL_HINT}")
@@ -295,7 +292,7 @@ def _attach_to_background(engine: RagEngine, store: VaultStore, ctx: Context, bu
 def rag_ask(app: App, ctx: Context) -> dict[str, Any]:
     from ...rag.ask import ask
 
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     req = replace(_search_request(ctx, query_key="question", default_limit=8), windows=True)  # an answering surface
     out = ask(_engine(app), vault, req.query, req, ctx)
     note_recalls(vault, [c["record_id"] for c in out.get("citations", [])])

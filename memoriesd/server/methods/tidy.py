@@ -20,20 +20,16 @@ from ...memory.tidy import (
     prune,
     summarize,
 )
-from ...vault.live import LiveVault
 from ..context import Context
 from ..method import Method
 
 if TYPE_CHECKING:
     from ..app import App
-def _lease(app: App, ctx: Context) -> LiveVault:
-    return app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx)
-
 
 def memory_summarize(app: App, ctx: Context) -> dict[str, Any]:
     """Condense old conversations (or facts) into summary records; ``apply`` false: only list them."""
     p = ctx.params
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     store = vault.store
     req = SummarizeRequest(
         kind=p.choice("kind", SUMMARIZE_KINDS, SUMMARIZE_KINDS[0]),
@@ -50,7 +46,7 @@ def memory_summarize(app: App, ctx: Context) -> dict[str, Any]:
 def memory_prune(app: App, ctx: Context) -> dict[str, Any]:
     """Forget stale facts for real; ``apply`` false: only list them."""
     p = ctx.params
-    vault = _lease(app, ctx)
+    vault = app.lease(ctx)
     req = PruneRequest(
         older_than=p.integer("older_than", None, lo=0, hi=MAX_DAYS),
         below_importance=p.number("below_importance", None),

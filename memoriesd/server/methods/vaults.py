@@ -180,7 +180,7 @@ def vault_delete(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def vault_compact(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     t0 = time.perf_counter()
     stats: dict[str, Any] = dict(store.compact(app.config.vault.keep_revisions))
     if app.rag is not None:
@@ -198,7 +198,7 @@ def vault_compact(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def vault_policy(app: App, ctx: Context) -> dict[str, Any]:
-    store = app.vaults.use(ctx.params.text("vault", allow_empty=False), ctx).store
+    store = app.lease(ctx).store
     device_only = ctx.params.flag("device_only", None)
     if device_only is not None:
         store.commit([Setting("policy.device_only", device_only)])
