@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> None:
             conn, _ = listener.accept()
         except TimeoutError:
             if server.idle():
+                # The socket goes first: from now on the router starts a new model process for the
+                # next request instead of routing it here (the client asks again when a connect fails).
+                with contextlib.suppress(OSError):
+                    os.unlink(args.socket)
+                listener.close()
                 log.info("local embedding model released (unused for %.1f minutes)", server.idle_seconds / 60)
                 break
             continue

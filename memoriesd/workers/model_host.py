@@ -69,8 +69,8 @@ class ModelHost:
         with self._gate:
             if self.router.closed:
                 raise Internal("the daemon is stopping: run the command again once it has restarted")
-            if self.proc is None or self.ended.is_set():
-                self._start()
+            if self.proc is None or self.ended.is_set() or self.socket_path is None or not self.socket_path.exists():
+                self._start()  # none yet, ended, or ending: an idle model process removes its socket first
             self.served.add(vault_id)
             return {"socket": str(self.socket_path)}
 
