@@ -90,6 +90,7 @@ class LiveVault:
         self.vault_id = store.vault_id
         self.name = store.name
         self.state = OPEN
+        self._stopping = False  # a lock is coming: long work stops at its next check (stop_work)
         self.last_used = time.monotonic()
         self._cond = threading.Condition(threading.Lock())
         self._leases = 0
@@ -151,9 +152,15 @@ class LiveVault:
             self.release()
 
     def check(self) -> None:
-        """For long operations between steps: ``cancelled`` once the vault started closing."""
-        if self.state != OPEN:
+        """For long operations between steps: ``cancelled`` once the vault started closing (or a
+        lock was announced: :meth:`stop_work`)."""
+        if self.state != OPEN or self._stopping:
             raise Cancelled(f"vault {self.name} was locked: the operation was cancelled")
+
+    def stop_work(self) -> None:
+        """A lock is on its way (a vault process told to lock): from now on a long operation stops at
+        its next check, so a batch that answers before the close begins is not kept either."""
+        self._stopping = True
 
     @property
     def is_open(self) -> bool:

@@ -237,6 +237,9 @@ class WorkerRole:
                     break
         except (OSError, ValueError):
             pass
+        live = self._app().vaults.live(self.vault_id) if self.vault_id else None
+        if live is not None:
+            live.stop_work()  # before new requests are refused: work in flight must not keep a late result
         self.say("locking")
         with self._count:
             self.ending = True  # requests in flight drain (the lock waits for them); new ones are refused
