@@ -27,6 +27,7 @@ from memoriesd.workers.process import child_command
 
 from .conftest import CHEAP_CONFIG, REPO, running_daemon, short_tmpdir
 from .procs import alive
+from .test_watch import add_watch, synced
 from .tinymodel import make_tiny_model
 
 
@@ -71,6 +72,26 @@ def test_an_unlock_is_served_by_the_waiting_spare_and_another_spare_starts_behin
         assert d.stop() == 0
         for pid in (spare, second):
             assert not alive(pid)
+
+
+def test_a_spare_started_before_a_folder_was_watched_watches_it_for_the_vault_it_serves(tmp_path: Path) -> None:
+    """``rag watch`` reloads the folder list in every vault process; the spare, bound to no vault, was
+    not asked: it reads the list when it is bound (a loaded CI run found the edit unwatched)."""
+    with running_daemon("[watch]\ndebounce_seconds = 0.2\n") as d:
+        c = Client(Home(d.home), autostart=False)
+        vid = c.call("vault.create", {"name": "alpha", "passphrase": "pw"})["vault_id"]
+        first = _vault_pids(c)[vid]
+        spare = _until("a spare behind the first", lambda: (p := c.call("daemon.status")["spare_process"]) not in (None, first) and p)
+        c.call("vault.lock", {"vault": vid})
+        folder = tmp_path / "notes"
+        folder.mkdir()
+        (folder / "kept.md").write_text("# Kept\n\nthe heron stands in the shallows\n")
+        add_watch(d, vid, folder)  # the spare already waits, with the config it read at its start
+        c.call("vault.unlock", {"vault": vid, "passphrase": "pw"})
+        assert _vault_pids(c)[vid] == spare
+        synced(d, vid, folder)
+        assert c.call("rag.search", {"vault": vid, "query": "heron", "mode": "bm25"})["results"]
+        c.call("vault.lock", {"vault": vid})
 
 
 def test_the_local_model_runs_in_the_model_process_which_a_lock_of_a_vault_it_served_ends(model_home: tuple[Any, Client]) -> None:

@@ -218,6 +218,12 @@ class WorkerRole:
         assert isinstance(vaults, BoundVaults)
         vaults.bind(vault_id, create)
         self.vault_id = vault_id
+        # The folder list is applied live (``rag watch`` edits config.toml, then every vault process
+        # reloads it); a spare was asked nothing, so it reads the list now, before its vault unlocks.
+        try:
+            self._app().watch.reload()
+        except MemoriesError as exc:
+            log.warning("vault %s: the watch folder list was not reloaded: %s", vault_id, exc.code)
         self.started = time.monotonic()
         for h in logging.getLogger().handlers:
             h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {vault_id}]: %(message)s"))
