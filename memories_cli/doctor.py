@@ -18,9 +18,10 @@ def doctor(
 ) -> None:
     """Check the set-up and print each problem with the command that fixes it.
 
-    Home permissions, the daemon (reachable, same version, restart pending), config.toml, the local
+    Home permissions, config.toml, the daemon (reachable, same version, restart pending), the local
     model's files against the pinned manifest, the OS keyring, cache caps against unlocked vaults and
-    proxy routes. Never starts the daemon. Exits 1 when something needs action, else 0.
+    proxy routes. An invalid config.toml is named alone: the checks that read it wait until it is
+    fixed. Never starts the daemon. Exits 1 when something needs action, else 0.
     """
     from dataclasses import asdict
 

@@ -1,10 +1,15 @@
 """The checks of `memories doctor` (:mod:`memories_cli.doctor`): each says what is wrong and the fix.
 
-Checks, in order: the home's permissions (directories 0700, files 0600, owned by you), the daemon
-(reachable, same version as this CLI, no restart pending), config.toml (parsed and validated by the
-daemon's own code, :func:`memoriesd.config.load_config`), the local embedding model (files present
+Checks, in order: the home's permissions (directories 0700, files 0600, owned by you), config.toml
+(parsed and validated by the daemon's own code, :func:`memoriesd.config.load_config`), the daemon
+(reachable, same version as this CLI, no restart pending), the local embedding model (files present
 with the pinned sizes; their SHA-256 too with ``--deep``), the OS keyring, the cache caps against
 each unlocked vault's size (asked of the daemon), and the proxy each remote endpoint would use.
+
+config.toml comes before everything that depends on it. When it is invalid, that is the one cause
+named: the checks that read it (model, caps, proxy) are skipped with an ``info`` line, since what
+they would find follows from the broken file (an ignored ``model_dir`` is not missing model files),
+and the daemon check does not send the person to a restart that would refuse the file.
 
 The daemon is never started: what needs it is skipped when it is not running. Each check is
 ``ok``, ``info`` (a normal state worth knowing, e.g. no keyring) or ``action`` (something to fix);
@@ -49,6 +54,7 @@ class Context:
     deep: bool
     environ: Mapping[str, str]
     config: Any = None  # memoriesd.config.Config once parsed (defaults when invalid)
+    config_error: str | None = None  # why config.toml is invalid; the checks that read it are skipped
     daemon: Any = None  # a connected Client, or None when the daemon is not running
 
 
@@ -112,6 +118,9 @@ def check_daemon(ctx: Context) -> list[Finding]:
     except MemoriesError as exc:
         return [Finding("daemon", ACTION, exc.message, "choose a shorter --home or MEMORIES_HOME")]
     if not daemon_alive(home):
+        if ctx.config_error is not None:
+            return [Finding("daemon", INFO, "memoriesd is not running, and cannot start until config.toml is valid "
+                            "(the config check above)")]
         return [Finding("daemon", INFO, "memoriesd is not running (the next command that needs it starts it); "
                         "checks that need it are skipped", cli_command("daemon", "start"))]
     client = Client(home, autostart=False)
@@ -125,7 +134,7 @@ def check_daemon(ctx: Context) -> list[Finding]:
     if version != __version__:
         out.append(Finding("daemon", ACTION, f"memoriesd {version} (pid {status.get('pid')}) is not this CLI's "
                            f"version {__version__}: an upgrade is waiting for a restart", cli_command("daemon", "restart")))
-    if status.get("restart_pending"):
+    if status.get("restart_pending") and ctx.config_error is None:
         out.append(Finding("daemon", ACTION, "config.toml changed since memoriesd started: the change is not in use yet",
                            cli_command("daemon", "restart")))
     if not out:
@@ -142,12 +151,16 @@ def check_config(ctx: Context) -> list[Finding]:
     from memoriesd.config import Config, load_config
     from memoriesd.errors import MemoriesError
 
+    from .client import daemon_alive
+
     path = ctx.home.config_path
     try:
         ctx.config = load_config(path)
     except MemoriesError as exc:
         ctx.config = Config()
-        return [Finding("config", ACTION, exc.message, f"edit {path} (every key: config.example.toml)")]
+        ctx.config_error = exc.message
+        then = cli_command("daemon", "restart") if daemon_alive(ctx.home) else "the command again"
+        return [Finding("config", ACTION, exc.message, f"edit {path} as it says, then run {then}")]
     if not path.exists():
         return [Finding("config", OK, f"no {path}: every setting has its default")]
     if ctx.config.deprecated:
@@ -343,13 +356,20 @@ def check_proxy(ctx: Context) -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
-    check_home, check_daemon, check_config, check_model, check_keyring, check_caps, check_proxy,
+    check_home, check_config, check_daemon, check_model, check_keyring, check_caps, check_proxy,
 )
+#: The checks that read config.toml's values: skipped while it is invalid (their findings would be its echo).
+NEEDS_CONFIG = (check_model, check_caps, check_proxy)
 
 
 def run_checks(home: Home, *, deep: bool = False, environ: Mapping[str, str] | None = None) -> list[Finding]:
     ctx = Context(home=home, deep=deep, environ=os.environ if environ is None else environ)
     findings: list[Finding] = []
     for check in CHECKS:
+        if check in NEEDS_CONFIG and ctx.config_error is not None:
+            name = check.__name__.removeprefix("check_")
+            findings.append(Finding(name, INFO, "not checked: it depends on config.toml, which is invalid (the config "
+                                    "check above); run doctor again once the file is fixed"))
+            continue
         findings.extend(check(ctx))
     return findings

@@ -374,6 +374,26 @@ def _stop(home: Any) -> int | None:
     return pid
 
 
+def _refuse_invalid_config(home: Any) -> None:
+    """Validate config.toml here, with the daemon's own parser (light: no numpy), before anything stops.
+
+    A restart used to stop the daemon and then fail on the file, leaving every CLI and MCP call down.
+    """
+    from memoriesd.config import load_config
+    from memoriesd.errors import ConfigError
+
+    from .client import daemon_alive
+
+    try:
+        load_config(home.config_path)
+    except ConfigError as exc:
+        again = cli_command("daemon", "restart")
+        state = ("memoriesd was not restarted and keeps running with the settings it started with"
+                 if daemon_alive(home) else "memoriesd is not running and cannot start with it")
+        why = exc.message if exc.message.endswith((".", "?")) else exc.message + "."
+        raise ConfigError(f"config.toml is invalid: {why} {state}: fix the file, then run `{again}`") from None
+
+
 @daemon_app.command("restart")
 def daemon_restart() -> None:
     """Stop memoriesd and start it again, reading config.toml anew (apply an edit with this).
@@ -383,6 +403,7 @@ def daemon_restart() -> None:
     from .client import start_daemon
 
     home = STATE.home
+    _refuse_invalid_config(home)  # before the stop: a broken file must not take the running daemon down
     old_pid = _stop(home)
     try:
         start_daemon(home)  # as any command does when the daemon is not running

@@ -55,7 +55,7 @@ def sparse_pinned_model(home: Path) -> Path:
 
 
 def test_a_broken_home_names_each_problem_with_its_fix_and_never_starts_the_daemon(home: Path) -> None:
-    (home / "config.toml").write_text("[search]\ncandidates = 5\n")  # below the allowed 10
+    (home / "config.toml").write_text("[search]\ncandidates = 50\n")
     (home / "vaults").mkdir(mode=0o755)
     (home / "vaults" / "stray").write_text("x")
     os.chmod(home / "vaults" / "stray", 0o644)
@@ -67,7 +67,7 @@ def test_a_broken_home_names_each_problem_with_its_fix_and_never_starts_the_daem
     (perm,) = by_check(report, "home")
     assert perm["status"] == "action" and "chmod -R go-rwx" in perm["fix"]
     (config,) = by_check(report, "config")
-    assert config["status"] == "action" and "search.candidates" in config["message"] and "config.toml" in config["fix"]
+    assert config["status"] == "ok"
     (model_check,) = by_check(report, "model")
     assert model_check["status"] == "action" and "tokenizer.json" in model_check["message"]
     assert "model-install" in model_check["fix"]
@@ -80,6 +80,40 @@ def test_a_broken_home_names_each_problem_with_its_fix_and_never_starts_the_daem
     # The text form: one line per finding, its fix below it, the count last.
     r = run_cli(home, "doctor", env=env)
     assert r.returncode == 1 and "fix: chmod -R go-rwx" in r.stdout and r.stdout.rstrip().endswith("need action.")
+
+
+def test_an_invalid_config_is_named_first_and_alone_not_its_cascade_of_model_findings(home: Path) -> None:
+    # The case: a typo leaves model_dir unread, so the model "is missing" from the default place.
+    model = home.parent / "mini"
+    model.mkdir()
+    (home / "config.toml").write_text(f'[embedding]\nsource = "local"\n[embedding.local]\nlocal_model_dir = "{model}"\n')
+    code, report = doctor(home)
+    assert code == 1
+    actions = [c for c in report["checks"] if c["status"] == "action"]
+    assert [c["check"] for c in actions] == ["config"], actions
+    (config,) = actions
+    assert [c["check"] for c in report["checks"]].index("config") == 1  # right after the home, before the daemon
+    assert "unknown config key embedding.local.local_model_dir" in config["message"]
+    assert "did you mean `model_dir`?" in config["message"] and str(home / "config.toml") in config["message"]
+    for check in ("model", "caps", "proxy"):
+        (skipped,) = by_check(report, check)
+        assert skipped["status"] == "info" and skipped["message"].startswith("not checked"), skipped
+    assert "model-install" not in json.dumps(report)  # no download suggested for a file that was never read
+    (daemon,) = by_check(report, "daemon")
+    assert "cannot start until config.toml is valid" in daemon["message"] and not daemon["fix"]
+
+
+def test_an_invalid_edit_under_a_running_daemon_is_one_finding_and_no_restart_advice() -> None:
+    with running_daemon() as d:
+        (d.home / "config.toml").chmod(0o600)
+        cfg = d.home / "config.toml"
+        cfg.write_text(cfg.read_text() + "\n[daemon]\nauto_lock_minute = 5\n")
+        code, report = doctor(d.home)
+        actions = [c for c in report["checks"] if c["status"] == "action"]
+        assert code == 1 and [c["check"] for c in actions] == ["config"], actions
+        assert "did you mean `auto_lock_minutes`?" in actions[0]["message"] and "daemon restart" in actions[0]["fix"]
+        (daemon,) = by_check(report, "daemon")
+        assert daemon["status"] == "ok" and "answers" in daemon["message"]
 
 
 def test_model_sizes_are_checked_by_default_and_digests_with_deep(home: Path) -> None:

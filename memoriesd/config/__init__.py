@@ -5,7 +5,7 @@ notice for a release (:mod:`.deprecated`), and the effective values for `memorie
 from __future__ import annotations
 
 from .deprecated import DEPRECATED_KEYS, Deprecation
-from .load import load_config, parse_config, service
+from .load import load_config, parse_config, read_config, service
 from .schema import (
     SERVICE_TABLES,
     CacheConfig,
@@ -48,6 +48,7 @@ __all__ = [
     "load_config",
     "option_keys",
     "parse_config",
+    "read_config",
     "render_text",
     "service",
 ]

@@ -21,6 +21,16 @@ class Deprecation:
     reason: str = ""  # why a removed key is gone and what to do instead
 
 
+class UnknownOldKey(ConfigError):
+    """A key of a table that is gone (``[rag]``, ``[rag.cache]``) that was never one of its keys;
+    :func:`.suggest.unknown_old_key` words it with the closest new keys."""
+
+    def __init__(self, table: str, name: str) -> None:
+        super().__init__(f"unknown config key {table}.{name}: [{table}] is gone, see docs/config.md for the new tables")
+        self.table = table
+        self.name = name
+
+
 _RESEARCH = "a research knob, still on the command line as `rag search {flag}`; delete the line"
 
 #: Old key → new key or removal. Tables that moved whole map table → table.
@@ -144,14 +154,14 @@ def migrate(data: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, 
             for sub, v in value.items():
                 sdep = DEPRECATED_KEYS.get(f"{key}.{sub}")
                 if sdep is None:
-                    raise ConfigError(f"unknown config key {key}.{sub}: [{key}] is gone, see docs/config.md for the new tables")
+                    raise UnknownOldKey(key, sub)
                 if sdep.new is None:
                     notes.append(f"config: {_spell(key + '.' + sub)} is gone: {sdep.reason}")
                 else:
                     _place(out, sdep.new, v, f"{key}.{sub}", notes, origin)
             continue
         if dep is None or key in _WHOLE_TABLES or key in _SPLIT_TABLES:
-            raise ConfigError(f"unknown config key {key}: [rag] is gone, see docs/config.md for the new tables")
+            raise UnknownOldKey("rag", name)
         if dep.new is None:
             notes.append(f"config: {_spell(key)} is gone: {dep.reason}")
         else:

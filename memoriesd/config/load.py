@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ConfigError, UrlRefused
 from ..urls import check_url
-from .deprecated import migrate
+from .deprecated import UnknownOldKey, migrate
 from .schema import (
     CHOICES,
     META_FIELDS,
@@ -27,6 +27,7 @@ from .schema import (
     ServiceConfig,
     WatchConfig,
 )
+from .suggest import close_value, unknown_key, unknown_old_key
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -82,7 +83,7 @@ def _convert(key: str, value: object, tp: type, ctx: _Ctx) -> Scalar:
             raise ConfigError(f"config key {shown} = {value!r} is out of range: allowed is {lo:g} to {hi:g}")
     if key in CHOICES and out not in CHOICES[key]:
         allowed = ", ".join(repr(c) for c in CHOICES[key] if c)
-        raise ConfigError(f"config key {shown} = {value!r} is invalid: allowed is one of {allowed}")
+        raise ConfigError(f"config key {shown} = {value!r} is invalid: allowed is one of {allowed}{close_value(value, CHOICES[key])}")
     return out
 
 
@@ -99,8 +100,7 @@ def _build(cls: type[_Table], table: object, prefix: str, ctx: _Ctx) -> _Table:
         if name not in known:
             if name in ("api_key", "key", "token", "secret", "password"):
                 raise ConfigError(f"config key {ctx.name(key)} is not allowed: {_SECRET_HINT}")
-            allowed = ", ".join(sorted(known))
-            raise ConfigError(f"unknown config key {ctx.name(key)}: allowed keys here are {allowed}")
+            raise ConfigError(unknown_key(prefix, name, dotted=ctx.name(key), is_table=isinstance(value, dict)))
         f = known[name]
         if key == "watch.folder":
             kwargs[f.name] = _build_watches(value, ctx)
@@ -200,7 +200,10 @@ def _check_proxy(cfg: Config) -> None:
 
 def parse_config(data: dict[str, Any], base_dir: Path, path: str = "") -> Config:
     """Validate a decoded TOML document (new layout, old keys with notices) into a :class:`Config`."""
-    new, notes, origin = migrate(data)
+    try:
+        new, notes, origin = migrate(data)
+    except UnknownOldKey as exc:
+        raise ConfigError(unknown_old_key(exc.table, exc.name)) from None
     ctx = _Ctx(base_dir, origin)
     built = _build(Config, new, "", ctx)
     sources = tuple((k, f"deprecated key {origin[k]}" if k in origin else "config.toml") for k in ctx.seen)
@@ -215,20 +218,27 @@ def parse_config(data: dict[str, Any], base_dir: Path, path: str = "") -> Config
     return cfg
 
 
+def read_config(raw: bytes, path: Path) -> Config:
+    """Decode and validate the bytes of ``path``; a :class:`ConfigError` here does not name the file
+    (:func:`load_config` adds it; the restart notice names it once, first)."""
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError("the file is not UTF-8 text: save it as UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the file is not valid TOML ({exc}): fix the line it names") from exc
+    return parse_config(data, path.parent.resolve(), str(path))
+
+
 def load_config(path: Path) -> Config:
-    """Read ``path`` (absent → defaults)."""
+    """Read ``path`` (absent → defaults); an error names the key, the file and the closest valid key."""
     if not path.exists():
         return Config()
     try:
         raw = path.read_bytes()
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text: save it as UTF-8") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML ({exc}): fix the line it names") from exc
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from exc
     try:
-        return parse_config(data, path.parent.resolve(), str(path))
+        return read_config(raw, path)
     except ConfigError as exc:  # the key alone does not say which file: the home may be anywhere
         raise ConfigError(f"{exc.message} (config file {path})") from None

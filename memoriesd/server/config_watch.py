@@ -9,6 +9,11 @@ differs, every reply carries :func:`restart_notice`.
 
 Per request rather than a watcher thread: a ``stat`` costs microseconds, and the answer is needed
 exactly when a reply is sent (never between requests).
+
+An edit that leaves the file invalid is said at once, with the reason and the closest valid key
+(issue 29: the old notice sent people to a restart that stopped the daemon and then failed on the
+file). The file is validated by the daemon's own parser whenever its ``stat`` moves, watch tables
+included: `memories daemon restart` would refuse it whatever part is broken.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import os
 import threading
 import tomllib
 from pathlib import Path
+
+from ..config import read_config
+from ..errors import ConfigError
 
 _Stat = tuple[int, int, int] | None  # (size, mtime_ns, inode), None when the file is absent
 #: The table the daemon applies without a restart (`rag watch` / `rag unwatch` reload it), and its
@@ -32,6 +40,19 @@ def restart_notice(path: Path) -> str:
         f"config.toml ({path}) changed since the daemon started: run `memories daemon restart` to apply it; "
         "unlocked vaults will lock"
     )
+
+
+def invalid_notice(path: Path, why: str) -> str:
+    """One line: the edited file is invalid, why (with "did you mean"), and that nothing stopped."""
+    return (
+        f"config.toml ({path}) was edited and is invalid: {sentence(why)} memoriesd keeps running with the settings "
+        "it started with: fix the file, then run `memories daemon restart`"
+    )
+
+
+def sentence(text: str) -> str:
+    """``text`` ending as a sentence (a message may end in "?" or in a parenthesis)."""
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def name_config_path(message: str, path: Path, code: str = "") -> str:
@@ -61,6 +82,7 @@ class ConfigWatch:
         self._stat = self._stat_now()
         self._start_digest = self._digest()
         self._changed = False
+        self._problem: str | None = None  # why the file is invalid now (checked when its stat moves)
 
     def _stat_now(self) -> _Stat:
         try:
@@ -69,12 +91,17 @@ class ConfigWatch:
             return None
         return (st.st_size, st.st_mtime_ns, st.st_ino)
 
-    def _digest(self) -> bytes | None:
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _digest(self, raw: bytes | None = None) -> bytes | None:
         """The settings that apply only at start: the ``[[watch.folder]]`` tables and their debounce are
         left out, since `rag watch`/`unwatch` apply them live (``rag.watch_reload``)."""
-        try:
-            raw = self.path.read_bytes()
-        except OSError:
+        raw = self._read() if raw is None else raw
+        if raw is None:
             return None
         try:
             data = tomllib.loads(raw.decode("utf-8"))
@@ -98,11 +125,33 @@ class ConfigWatch:
             if now == self._stat:
                 return self._changed
             self._stat = now
-            self._changed = self._digest() != self._start_digest
+            raw = self._read()
+            self._changed = self._digest(raw) != self._start_digest
+            self._problem = self._validate(raw)
             return self._changed
 
+    def _validate(self, raw: bytes | None) -> str | None:
+        if raw is None:
+            return None  # absent: every setting has its default
+        try:
+            read_config(raw, self.path)
+        except ConfigError as exc:
+            return exc.message
+        return None
+
+    def problem(self) -> str | None:
+        """Why the file as it is now is invalid (the key, the closest valid key), or None."""
+        self.changed()
+        with self._lock:
+            return self._problem
+
     def notices(self) -> list[str]:
-        return [restart_notice(self.path)] if self.changed() else []
+        changed = self.changed()
+        with self._lock:
+            problem = self._problem
+        if problem is not None:
+            return [invalid_notice(self.path, problem)]
+        return [restart_notice(self.path)] if changed else []
 
 
-__all__ = ["ConfigWatch", "name_config_path", "restart_notice"]
+__all__ = ["ConfigWatch", "invalid_notice", "sentence", "name_config_path", "restart_notice"]

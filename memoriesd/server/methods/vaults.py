@@ -73,6 +73,7 @@ def daemon_status(app: App, ctx: Context) -> dict[str, Any]:
         "unlocked": [v["vault_id"] for v in app.vaults.list_vaults() if not v["locked"]],
         "config": str(app.home.config_path),
         "restart_pending": app.config_watch.changed(),  # config.toml edited since the daemon started
+        "config_error": app.config_watch.problem(),  # why the edited file is invalid (a restart would refuse it)
     }
 
 
