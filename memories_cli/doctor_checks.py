@@ -130,10 +130,13 @@ def check_daemon(ctx: Context) -> list[Finding]:
         return [Finding("daemon", ACTION, f"memoriesd does not answer: {exc.message}", cli_command("daemon", "restart"))]
     ctx.daemon = client
     out = []
+    restart = cli_command("daemon", "restart")
+    if ctx.config_error is not None:  # a restart would refuse the file: it comes first
+        restart = f"fix {home.config_path} first (the config check above), then {restart}"
     version = str(status.get("version", "?"))
     if version != __version__:
         out.append(Finding("daemon", ACTION, f"memoriesd {version} (pid {status.get('pid')}) is not this CLI's "
-                           f"version {__version__}: an upgrade is waiting for a restart", cli_command("daemon", "restart")))
+                           f"version {__version__}: an upgrade is waiting for a restart", restart))
     if status.get("restart_pending") and ctx.config_error is None:
         out.append(Finding("daemon", ACTION, "config.toml changed since memoriesd started: the change is not in use yet",
                            cli_command("daemon", "restart")))

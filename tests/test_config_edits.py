@@ -56,6 +56,10 @@ def message_of(toml: str) -> str:
         # a line under the wrong header, or above every header
         ("[search]\nauto_lock_minutes = 3\n", "did you mean `auto_lock_minutes` in [daemon]?"),
         (
+            '[embedding]\nurl = "https://x.example"\n',
+            "did you mean `url` in [embedding.service], [generation] or [rerank]?",
+        ),
+        (
             "auto_lock_minutes = 3\n",
             "`auto_lock_minutes` is written above every [table] header; did you mean "
             "`auto_lock_minutes` in [daemon]?",

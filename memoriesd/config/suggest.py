@@ -62,8 +62,8 @@ def table_of(prefix: str) -> str:
 
 
 def spell(table: str, name: str, *, here: str | None = None) -> str:
-    """How a person finds a key: ``auto_lock_minutes`` in its own table, ``model_dir` in [embedding.local]``
-    elsewhere, ``[search]`` for a table."""
+    """How a person finds a key: `` `auto_lock_minutes` `` in its own table (``here``),
+    `` `model_dir` in [embedding.local] `` elsewhere, ``[search]`` for a table."""
     sub = f"{table}.{name}" if table else name
     if catalogue().get(table, {}).get(name):
         return f"[[{sub}]]" if sub == "watch.folder" else f"[{sub}]"
@@ -117,11 +117,18 @@ def candidates(table: str, name: str) -> tuple[list[str], str]:
 
 
 def did_you_mean(options: list[str]) -> str:
-    """``did you mean `a`?`` / ``did you mean `a` or `b`?`` / ``did you mean `a`, `b` or `c`?``"""
+    """``did you mean `a`?`` / ``did you mean `a` or `b`?`` / ``did you mean `a`, `b` or `c`?``; one key
+    in several tables is named once (``did you mean `url` in [embedding.service] or [generation]?``)."""
     if not options:
         return ""
-    listed = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
-    return f"did you mean {listed}?"
+    heads = {o.partition(" in [")[0] for o in options}
+    if len(options) > 1 and len(heads) == 1 and all(" in [" in o for o in options):
+        return f"did you mean {heads.pop()} in {_either([o.partition(' in ')[2] for o in options])}?"
+    return f"did you mean {_either(options)}?"
+
+
+def _either(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def unknown_key(table: str, name: str, *, dotted: str, is_table: bool = False) -> str:
