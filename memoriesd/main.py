@@ -33,7 +33,7 @@ from .errors import DaemonRunning, MemoriesError  # noqa: E402
 from .home import Home, resolve_home  # noqa: E402
 from .kinds.registry import register_builtin_kinds  # noqa: E402
 from .server.app import App  # noqa: E402
-from .server.config_watch import ConfigWatch  # noqa: E402
+from .server.config_watch import ConfigWatch, keep_started, load_started_config, started_of  # noqa: E402
 from .server.daemon import Server, raise_nofile_limit  # noqa: E402
 from .server.method import MethodTable  # noqa: E402
 from .server.methods import SERVER_METHODS  # noqa: E402
@@ -88,6 +88,7 @@ def run_daemon(home: Home) -> int:
                 log.warning("removed a stale %s from an earlier crash", stale.name)
                 stale.unlink()
         home.pid_path.write_text(f"{os.getpid()}\n")
+        keep_started(home, config_watch)  # its vault processes use these settings while an edit is invalid
         nofile = raise_nofile_limit()
         for note in config.deprecated:
             log.warning("config.toml: %s", note)
@@ -120,8 +121,9 @@ def vault_process_main(argv: list[str]) -> None:
     code = 0
     try:
         home = resolve_home(args.home)
-        config_watch = ConfigWatch(home.config_path)
-        config = load_config(home.config_path)
+        started = started_of(home)  # the daemon's settings: an invalid edit must not fail this unlock
+        config_watch = ConfigWatch(home.config_path, started)
+        config = load_started_config(home, started)
         setup_logging(home, config.daemon.log_level)
         for h in logging.getLogger().handlers:
             h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [vault {args.vault or '(spare)'}]: %(message)s"))

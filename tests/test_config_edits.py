@@ -133,6 +133,18 @@ def test_a_typo_while_the_daemon_runs_is_announced_and_restart_refuses_it_until_
     # The daemon still answers, the same process, the vault still unlocked.
     status = json.loads(run_cli(home, "--json", "daemon", "status").stdout)
     assert status["pid"] == pid and len(status["unlocked"]) == 1
+    # Vault processes started after the edit run on the daemon's settings (not on the broken file):
+    # a new vault, a lock and an unlock all work, and their replies carry the same notice.
+    r = run_cli(home, "vault", "create", "second", "--passphrase-stdin", input=PASS + "\n")
+    assert r.returncode == 0 and "did you mean `auto_lock_minutes`?" in r.stderr, r.stderr
+    for name in ("personal", "second"):
+        assert run_cli(home, "vault", "lock", name).returncode == 0
+        r = run_cli(home, "vault", "unlock", name, "--passphrase-stdin", input=PASS + "\n")
+        assert r.returncode == 0, r.stderr
+    r = run_cli(home, "memory", "add", "second", "added while the file is broken", "--title", "Kept")
+    assert r.returncode == 0 and "was edited and is invalid" in r.stderr, (
+        r.stderr
+    )  # said by the vault's own process
     # A valid edit: today's notice; the restart applies it.
     config.write_text(good + "\n[daemon]\nauto_lock_minutes = 30\n")
     r = run_cli(home, "vault", "list")
@@ -140,9 +152,8 @@ def test_a_typo_while_the_daemon_runs_is_announced_and_restart_refuses_it_until_
     r = run_cli(home, "--json", "daemon", "restart")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert (
-        out["stopped_pid"] == pid and out["pid"] != pid and [v["name"] for v in out["locked"]] == ["personal"]
-    )
+    assert out["stopped_pid"] == pid and out["pid"] != pid
+    assert sorted(v["name"] for v in out["locked"]) == ["personal", "second"]
     status = json.loads(run_cli(home, "--json", "daemon", "status").stdout)
     assert status["restart_pending"] is False and status["config_error"] is None
 

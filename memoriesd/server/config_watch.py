@@ -18,21 +18,36 @@ included: `memories daemon restart` would refuse it whatever part is broken.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import threading
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import read_config
+from ..config import Config, load_config, read_config
 from ..errors import ConfigError
+from ..home import Home
+
+log = logging.getLogger(__name__)
 
 _Stat = tuple[int, int, int] | None  # (size, mtime_ns, inode), None when the file is absent
 #: The table the daemon applies without a restart (`rag watch` / `rag unwatch` reload it), and its
 #: keys' old spellings under [rag], still read for a release.
 LIVE_TABLE = "watch"
 LIVE_RAG_KEYS = frozenset({"watch", "watch_debounce_seconds"})
+#: In the home's run directory: the bytes of config.toml the daemon started with, for its vault processes.
+STARTED_COPY = "config.started.toml"
+
+
+@dataclass(frozen=True)
+class Started:
+    """config.toml as the daemon read it at start: its bytes, None when there was no file."""
+
+    raw: bytes | None
 
 
 def restart_notice(path: Path) -> str:
@@ -76,13 +91,17 @@ def name_config_path(message: str, path: Path, code: str = "") -> str:
 class ConfigWatch:
     """Whether ``path`` differs from what it held when the daemon started (thread-safe, cheap)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, started: Started | None = None) -> None:
+        """``started``: what the daemon started with, for a vault process that starts later (its
+        replies must say what the daemon's say); None = the file as it is now (the daemon itself)."""
         self.path = path
         self._lock = threading.Lock()
         self._stat = self._stat_now()
-        self._start_digest = self._digest()
-        self._changed = False
-        self._problem: str | None = None  # why the file is invalid now (checked when its stat moves)
+        raw = self._read()
+        self.started = Started(raw) if started is None else started
+        self._start_digest = self._digest(self.started.raw)
+        self._changed = self._digest(raw) != self._start_digest
+        self._problem: str | None = self._validate(raw)  # why the file is invalid now (checked when its stat moves)
 
     def _stat_now(self) -> _Stat:
         try:
@@ -97,10 +116,9 @@ class ConfigWatch:
         except OSError:
             return None
 
-    def _digest(self, raw: bytes | None = None) -> bytes | None:
+    def _digest(self, raw: bytes | None) -> bytes | None:
         """The settings that apply only at start: the ``[[watch.folder]]`` tables and their debounce are
         left out, since `rag watch`/`unwatch` apply them live (``rag.watch_reload``)."""
-        raw = self._read() if raw is None else raw
         if raw is None:
             return None
         try:
@@ -154,4 +172,39 @@ class ConfigWatch:
         return [restart_notice(self.path)] if changed else []
 
 
-__all__ = ["ConfigWatch", "invalid_notice", "sentence", "name_config_path", "restart_notice"]
+def keep_started(home: Home, watch: ConfigWatch) -> None:
+    """Leave the bytes the daemon started with in its run directory (0600; none when there was no
+    file), so a vault process it starts after an edit has the daemon's settings, not the edit's error."""
+    copy = home.run / STARTED_COPY
+    with contextlib.suppress(FileNotFoundError):
+        copy.unlink()
+    if watch.started.raw is None:
+        return
+    try:
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(watch.started.raw)
+    except OSError as exc:
+        log.warning("config.toml: no copy of the settings at start was kept in %s (%s)", home.run, exc.strerror)
+
+
+def started_of(home: Home) -> Started:
+    """What the running daemon started with (see :func:`keep_started`)."""
+    try:
+        return Started((home.run / STARTED_COPY).read_bytes())
+    except FileNotFoundError:
+        return Started(None)
+
+
+def load_started_config(home: Home, started: Started) -> Config:
+    """A vault process's settings: config.toml as it is now (a valid edit applies, as before), else,
+    when an edit left it invalid, the file the daemon started with: the daemon keeps running on those,
+    and so must every vault it unlocks (a broken edit used to fail each unlock with ``internal``)."""
+    try:
+        return load_config(home.config_path)
+    except ConfigError as exc:
+        log.warning("%s; this vault process uses the settings memoriesd started with", exc.message)
+        return read_config(started.raw, home.config_path) if started.raw is not None else Config()
+
+
+__all__ = ["ConfigWatch", "Started", "keep_started", "load_started_config", "started_of", "invalid_notice", "sentence", "name_config_path", "restart_notice"]
