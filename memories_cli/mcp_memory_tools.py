@@ -54,6 +54,19 @@ def _render_forget(out: dict[str, Any]) -> str:
         if r.get("title") or r.get("text"):
             desc += f" text: {r.get('title') or r.get('text')}"
         lines.append(desc)
+    passed, total = out.get("passed_over") or [], int(out.get("passed_over_total") or 0)
+    if total:
+        kinds = sorted({r["kind"] for r in passed})
+        lines.append(
+            f"{'nothing was chosen: ' if not n else ''}{total} records on the topic were passed over and kept: a query "
+            f"chooses only {' and '.join(out.get('kinds') or ())} records. To forget one of these, call memory_forget "
+            f"again with kind {' or '.join(kinds)} (or with its ids), once the person confirms it is what they meant:"
+        )
+        for r in passed:
+            desc = f"- id={r['id']} kind={r['kind']} match={r.get('match')}"
+            if r.get("title") or r.get("text"):
+                desc += f" text: {r.get('title') or r.get('text')}"
+            lines.append(desc)
     lines += [f"notice: {m}" for m in out.get("notices") or []]
     return "\n".join(lines)
 
@@ -106,6 +119,10 @@ def shape_write(tool: str, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         "revisions_removed": out.get("revisions_removed", 0),
         "notices": list(out.get("notices") or []),
     }
+    if "passed_over" in out:
+        data["kinds"] = list(out.get("kinds") or [])
+        data["passed_over"] = [{k: r[k] for k in FORGOTTEN_ITEM if k in r} for r in out.get("passed_over") or []]
+        data["passed_over_total"] = int(out.get("passed_over_total") or 0)
     return _render_forget(data), data
 
 
@@ -133,13 +150,20 @@ Importance = Annotated[
     float | None, Field(ge=0.0, le=1.0, description="0 to 1 (default 0.5): more important profile facts come first.")
 ]
 ForgetQuery = Annotated[
-    str | None, Field(min_length=1, max_length=2000, description="What the records to forget say (with scope specific or topic).")
+    str | None,
+    Field(
+        min_length=1,
+        max_length=2000,
+        description="What the facts or conversations to forget say, e.g. the fact as it was remembered (with scope "
+        "specific or topic). Notes and cards are not chosen unless kind names them.",
+    ),
 ]
 ForgetScope = Annotated[
     Literal["specific", "topic", "all"],
     Field(
-        description="specific: the one record that best matches query (default); topic: every record on the query's "
-        "topic; all: every fact (with kind: every record of that kind; needs the grant scope forget-all)."
+        description="specific: the fact query restates, else the one record that best matches it (default); topic: "
+        "every fact and conversation on the query's topic; all: every fact (with kind: every record of that kind; "
+        "needs the grant scope forget-all)."
     ),
 ]
 ForgetIds = Annotated[
@@ -148,7 +172,11 @@ ForgetIds = Annotated[
 ]
 ForgetKind = Annotated[
     Literal["memory", "card", "fact", "conversation"] | None,
-    Field(description="With scope all: forget every record of this kind."),
+    Field(
+        description="With a query: choose only records of this kind (default: facts and conversations; card, an "
+        "ingested file, or memory, a note, only when the person asked to forget that note or file). With scope all: "
+        "forget every record of this kind."
+    ),
 ]
 DryRun = Annotated[bool, Field(description="Only list what would be forgotten; nothing changes.")]
 
@@ -289,11 +317,13 @@ def register_write_tools(server: MCPServer, run: Run) -> None:
         name="memory_forget",
         title="Forget for real",
         description="Forget records for good, only when the person asks you to: every revision of them and "
-        "everything derived from them leaves the vault, and nothing can bring them back. scope specific forgets the "
-        "one record that best matches query, topic every record on the query's topic, all every fact (with kind: "
-        "every record of that kind; needs the grant scope `forget-all`); or give ids instead of a query. First call "
-        "it with dry_run true and show the person what would go; forget once they confirm. Needs the grant scope "
-        "`forget`.",
+        "everything derived from them leaves the vault, and nothing can bring them back. A query chooses among facts "
+        "and conversations only (what was remembered or said), never the person's notes or ingested cards unless kind "
+        "names them (card or memory) or ids name them: the reply lists records on the topic it passed over. scope "
+        "specific forgets the fact the query restates, else the one record that best matches it; topic every fact "
+        "and conversation on the query's topic; all every fact (with kind: every record of that kind; needs the "
+        "grant scope `forget-all`); or give ids instead of a query. First call it with dry_run true and show the "
+        "person what would go; forget once they confirm. Needs the grant scope `forget`.",
         annotations=removes,
     )
     async def memory_forget(

@@ -310,7 +310,7 @@ def test_a_grant_revoked_while_its_write_waits_writes_nothing(env: Env) -> None:
     env.svc.held.clear()
     env.svc.release.clear()
     t = threading.Thread(
-        target=lambda: owner.update(out=env.d.request("memory.forget", {"vault": env.a, "query": marker, "dry_run": True})),
+        target=lambda: owner.update(out=env.d.request("memory.forget", {"vault": env.a, "query": marker, "kind": "memory", "dry_run": True})),
         daemon=True,
     )
     t.start()

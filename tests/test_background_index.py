@@ -90,7 +90,7 @@ def test_lock_pauses_background_indexing_and_unlock_resumes_it(tmp_path: Path) -
         assert res["missing_vectors"] == running["total"] >= 60
         assert any("background" in n for n in res["notices"]), res["notices"]
         # So does `memory forget --query`: the fragments the job has not reached are matched by words only.
-        dry = d.call("memory.forget", {"vault": vid, "query": "coffee mountain", "scope": "topic", "dry_run": True})
+        dry = d.call("memory.forget", {"vault": vid, "query": "coffee mountain", "scope": "topic", "kind": "card", "dry_run": True})
         assert dry["records"] and dry["forgotten"] == 0
         assert any("still being embedded in the background and were matched by words only" in n for n in dry["notices"]), dry
         after = _status(d, vid)

@@ -20,6 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.types import CallToolResult
+
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
 from memoriesd.index.vectors.maintenance import live_fragment_keys
 from memoriesd.index.vectors.names import list_sidecars, read_spaces, sidecar_opaque_id
@@ -30,6 +35,7 @@ from memoriesd.vault import crypto
 from memoriesd.vault.store import VaultStore
 
 from .conftest import REPO, SHARED, Daemon, all_file_bytes, cli_json, create_vault, run_cli, running_daemon
+from .test_mcp import BOOT, call, ok, text_of
 
 MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
 PASS = "correct horse"
@@ -142,7 +148,8 @@ def test_forgetting_a_topic_leaves_no_trace_in_files_decrypted_vault_or_search(t
         d.call("vault.unlock", {"vault": vid, "passphrase": PASS})
         assert canary_ids <= _found_anywhere(d, vid, (TOPIC,))  # the index came back from the snapshot
 
-        out = cli_json(d.home, "memory", "forget", vid, "--query", TOPIC, "--scope", "topic", "--yes")
+        everything = ("--kind", "fact", "--kind", "memory", "--kind", "card")  # a query alone takes facts and conversations
+        out = cli_json(d.home, "memory", "forget", vid, "--query", TOPIC, "--scope", "topic", *everything, "--yes")
         assert {r["id"] for r in out["records"]} == canary_ids
         assert out["forgotten"] == 6 and out["revisions_removed"] == 7
         assert out["lexical_snapshot"] == "rewritten" and out["vector_entries_dropped"] >= 6
@@ -186,24 +193,24 @@ def test_dry_run_lists_without_changing_anything_and_off_a_terminal_it_needs_yes
         _add(d, vid, "Garden", "Tomatoes grow by the south wall.")
         # The records' files (a dry run may embed fragments: derived vectors are not records).
         files = {p.name: data for p, data in all_file_bytes(_vault_dir(d, vid)) if p.name.startswith(("log-", "head"))}
-        dry = cli_json(d.home, "memory", "forget", vid, "--query", "parrot", "--dry-run")
+        dry = cli_json(d.home, "memory", "forget", vid, "--query", "parrot", "--kind", "memory", "--dry-run")
         assert dry["dry_run"] is True and [r["id"] for r in dry["records"]] == [a] and dry["forgotten"] == 0
-        human = run_cli(d.home, "memory", "forget", vid, "--query", "parrot", "--dry-run")
+        human = run_cli(d.home, "memory", "forget", vid, "--query", "parrot", "--kind", "memory", "--dry-run")
         assert human.returncode == 0 and "would be forgotten" in human.stdout and a in human.stdout
-        refused = run_cli(d.home, "memory", "forget", vid, "--query", "parrot")  # stdin is not a terminal
+        refused = run_cli(d.home, "memory", "forget", vid, "--query", "parrot", "--kind", "memory")  # stdin is not a terminal
         assert refused.returncode == 2 and "--yes" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
         assert {p.name: data for p, data in all_file_bytes(_vault_dir(d, vid)) if p.name.startswith(("log-", "head"))} == files
         unknown = run_cli(d.home, "memory", "forget", vid, "--id", "nosuchrecord0000", "--yes")
         assert unknown.returncode == 4 and "error[not_found]" in unknown.stderr
         both = run_cli(d.home, "memory", "forget", vid, "--all", "--query", "x", "--yes")
         assert both.returncode == 2 and "say what to forget" in both.stderr
-        nothing = run_cli(d.home, "memory", "forget", vid, "--query", "submarine", "--scope", "topic", "--yes")
+        nothing = run_cli(d.home, "memory", "forget", vid, "--query", "submarine", "--scope", "topic", "--kind", "memory", "--yes")
         assert nothing.returncode == 0 and "nothing to forget" in nothing.stderr
         # On a terminal it lists what would go and asks: "n" keeps it, "y" forgets it.
-        code, screen = _on_terminal(d.home, ["memory", "forget", vid, "--query", "parrot"], b"n\n")
+        code, screen = _on_terminal(d.home, ["memory", "forget", vid, "--query", "parrot", "--kind", "memory"], b"n\n")
         assert code == 1 and a in screen and "nothing was forgotten" in screen
         assert [r["id"] for r in d.call("memory.search", {"vault": vid, "query": "parrot"})["results"]] == [a]
-        code, screen = _on_terminal(d.home, ["memory", "forget", vid, "--query", "parrot"], b"y\n")
+        code, screen = _on_terminal(d.home, ["memory", "forget", vid, "--query", "parrot", "--kind", "memory"], b"y\n")
         assert code == 0 and "Forgot 1 record(s)" in screen
         assert d.call("memory.search", {"vault": vid, "query": "parrot"})["results"] == []
 
@@ -242,7 +249,7 @@ def test_specific_forgets_only_the_best_match_and_all_takes_facts_or_one_kind() 
     with _daemon() as (d, vid):
         best = _add(d, vid, "Espresso", "Espresso machine descaling: every month with citric acid.")
         other = _add(d, vid, "Kitchen", "The espresso cups live in the cupboard above the kettle.")
-        out = cli_json(d.home, "memory", "forget", vid, "--query", "espresso machine descaling", "--yes")
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "espresso machine descaling", "--kind", "memory", "--yes")
         assert [r["id"] for r in out["records"]] == [best] and out["forgotten"] == 1
         assert [r["id"] for r in d.call("memory.list", {"vault": vid})["records"]] == [other]
 
@@ -260,3 +267,130 @@ def test_specific_forgets_only_the_best_match_and_all_takes_facts_or_one_kind() 
         out = cli_json(d.home, "memory", "forget", vid, "--all", "--kind", "memory", "--yes")
         assert [r["id"] for r in out["records"]] == [other]
         assert d.call("memory.list", {"vault": vid})["records"] == []
+
+
+# ---------------------------------------------------------------------------- what a query aims at
+
+SHELL_NOTES = {
+    "chsh.md": "# Change your login shell\n\nRun `chsh -s $(which zsh)` to make zsh your login shell; log out and back in.\n",
+    "zshrc.md": "# zshrc\n\nThe zsh start-up file ~/.zshrc sets the prompt, aliases and completion for zsh.\n",
+    "bash-history.md": "# Bash history\n\nHISTSIZE and HISTFILESIZE set how much bash history is kept.\n",
+    "oh-my-zsh.md": "# Oh My Zsh\n\nA framework of zsh plugins and themes; install it after switching to zsh.\n",
+    "fish.md": "# Fish\n\nThe fish shell has autosuggestions out of the box, unlike bash or zsh.\n",
+}
+ZSH_FACT = "The user prefers zsh over bash"
+
+
+def _shell_vault(d: Daemon, vid: str, folder: Path) -> dict[str, str]:
+    """The shell notes ingested from ``folder`` and one note added by hand: file stem or title -> record id."""
+    folder.mkdir()
+    for name, text in SHELL_NOTES.items():
+        (folder / name).write_text(text)
+    assert cli_json(d.home, "rag", "ingest", vid, str(folder), "--recursive")["added"] == len(SHELL_NOTES)
+    cards = {Path(r["source"]).stem: r["id"] for r in d.call("memory.list", {"vault": vid, "kind": "card"})["records"]}
+    cards["zsh aliases"] = _add(d, vid, "zsh aliases", "alias ll='ls -l' in zsh; reload with source ~/.zshrc")
+    d.call("rag.index", {"vault": vid})
+    return cards
+
+
+def _remember_cli(d: Daemon, vid: str, text: str) -> str:
+    out = run_cli(d.home, "memory", "remember", vid, text)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def _all_kept(d: Daemon, vid: str, cards: dict[str, str]) -> None:
+    for rid in cards.values():
+        assert d.call("memory.read", {"vault": vid, "id": rid})["body"], rid
+
+
+def test_forget_by_query_takes_the_remembered_fact_and_never_a_card_on_its_topic(tmp_path: Path) -> None:
+    with _daemon() as (d, vid):
+        cards = _shell_vault(d, vid, tmp_path / "shell")
+        fact = _remember_cli(d, vid, ZSH_FACT)
+        # The dry run shows the same choice as the forget: the fact; the cards on the topic are passed over.
+        dry = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--dry-run")
+        assert [r["id"] for r in dry["records"]] == [fact] and dry["kinds"] == ["fact", "conversation"]
+        assert cards["chsh"] in {r["id"] for r in dry["passed_over"]} and dry["passed_over_total"] >= 3
+        human = run_cli(d.home, "memory", "forget", vid, "--query", "zsh", "--dry-run")
+        assert human.returncode == 0 and fact in human.stdout and "passed over (kept)" in human.stdout
+        assert "Also on the topic, kept:" in human.stderr and "--kind card" in human.stderr
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--yes")
+        assert [r["id"] for r in out["records"]] == [fact] and out["forgotten"] == 1
+        assert d.call("memory.facts", {"vault": vid})["facts"] == []
+        _all_kept(d, vid, cards)
+
+        # --scope topic: every fact and conversation on it, still no card.
+        fact = _remember_cli(d, vid, ZSH_FACT)
+        other = _remember_cli(d, vid, "The user keeps the zsh config in a dotfiles repo")
+        unrelated = _remember_cli(d, vid, "The user drinks green tea in the afternoon")
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--scope", "topic", "--yes")
+        assert {r["id"] for r in out["records"]} == {fact, other} and {r["kind"] for r in out["records"]} == {"fact"}
+        _all_kept(d, vid, cards)
+        assert [f["id"] for f in d.call("memory.facts", {"vault": vid})["facts"]] == [unrelated]
+
+        # Nothing but cards match: nothing is chosen, and the answer says how to target them.
+        before = {p.name: data for p, data in all_file_bytes(_vault_dir(d, vid)) if p.name.startswith(("log-", "head"))}
+        none = run_cli(d.home, "memory", "forget", vid, "--query", "zsh", "--scope", "topic", "--yes")
+        assert none.returncode == 0 and "Nothing was chosen: only" in none.stderr
+        assert "--kind card" in none.stderr and "--kind memory" in none.stderr and "--id ID" in none.stderr
+        assert "passed over (kept)" in none.stdout and cards["chsh"] in none.stdout
+        after = {p.name: data for p, data in all_file_bytes(_vault_dir(d, vid)) if p.name.startswith(("log-", "head"))}
+        assert after == before
+        _all_kept(d, vid, cards)
+
+        # An exact or near-exact fact is the target even among facts on the same topic.
+        fact = _remember_cli(d, vid, ZSH_FACT)
+        _remember_cli(d, vid, "The user switched the terminal font to a zsh-friendly nerd font")
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "the user prefers zsh over bash.", "--yes")
+        assert [(r["id"], r["match"]) for r in out["records"]] == [(fact, "exact")]
+
+        # With --kind card the card can be targeted, and only it goes.
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "change login shell chsh", "--kind", "card", "--yes")
+        assert [r["id"] for r in out["records"]] == [cards["chsh"]]
+        assert "Forgot 1 record(s)" in run_cli(d.home, "memory", "forget", vid, "--id", cards["fish"], "--yes").stderr
+        _all_kept(d, vid, {k: v for k, v in cards.items() if k not in ("chsh", "fish")})
+        assert len(d.call("memory.list", {"vault": vid, "kind": "card"})["records"]) == len(SHELL_NOTES) - 2
+
+
+def _forget_over_mcp(d: Daemon, token: str, calls: list[dict[str, Any]], errlog: Path) -> list[CallToolResult]:
+    """Each ``memory_forget`` call in turn through `memories mcp` and the MCP SDK's own stdio client."""
+    params = StdioServerParameters(
+        command=sys.executable, args=["-c", BOOT, "--home", str(d.home), "mcp"],
+        env={"MEMORIES_GRANT": token, "ORT_DISABLE_TELEMETRY": "1", "PYTHONPATH": str(REPO)}, cwd=str(REPO),
+    )
+
+    async def main() -> list[CallToolResult]:
+        with open(errlog, "a") as err:
+            async with stdio_client(params, errlog=err) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {t.name: t for t in (await session.list_tools()).tools}
+                assert "never the person's notes or ingested cards" in (tools["memory_forget"].description or "")
+                return [await call(session, "memory_forget", **c) for c in calls]
+
+    return anyio.run(main)
+
+
+def test_mcp_forget_takes_the_remembered_fact_and_a_card_only_when_its_kind_is_given(tmp_path: Path) -> None:
+    with _daemon() as (d, vid):
+        cards = _shell_vault(d, vid, tmp_path / "shell")
+        fact = _remember(d, vid, ZSH_FACT + ".")["id"]
+        token = d.call("grant.create", {"vault": vid, "scopes": ["forget", "read"]})["token"]
+        dry, topic, only_cards, card = _forget_over_mcp(d, token, [
+            {"query": "zsh", "dry_run": True},
+            {"query": "zsh", "scope": "topic"},
+            {"query": "zsh", "scope": "topic"},
+            {"query": "change login shell chsh", "kind": "card"},
+        ], tmp_path / "mcp-stderr.txt")
+        listed = ok(dry)
+        assert [r["id"] for r in listed["records"]] == [fact] and listed["dry_run"] is True
+        assert cards["chsh"] in {r["id"] for r in listed["passed_over"]}
+        assert "passed over and kept" in text_of(dry) and "kind card or memory" in text_of(dry)
+        gone = ok(topic)
+        assert gone["forgotten"] == 1 and [r["id"] for r in gone["records"]] == [fact]
+        nothing = ok(only_cards)
+        assert nothing["forgotten"] == 0 and nothing["records"] == [] and nothing["passed_over_total"] >= 3
+        assert "nothing was chosen" in text_of(only_cards)
+        assert [r["id"] for r in ok(card)["records"]] == [cards["chsh"]]
+        _all_kept(d, vid, {k: v for k, v in cards.items() if k != "chsh"})
+        assert d.call("memory.facts", {"vault": vid})["facts"] == []

@@ -7,8 +7,14 @@ What is chosen (:func:`select_ids`, :func:`select_all`, :func:`select_query`):
   text has every term of the query (BM25, ``all`` mode, stemmed), or whose best fragment has a
   cosine to the query of at least the model's ``forget_min_cosine`` (calibrated per model:
   docs/memory.md, "Forget"), or one of whose earlier revisions has every word of the query;
-- ``--query Q --scope specific``: the best of those: the first of the hybrid search's ranking
-  that is on the topic (else the closest by cosine, then by BM25, then by history);
+  facts and conversations first;
+- ``--query Q --scope specific``: the best of those: the current fact ``Q`` restates (the same
+  text, or the same fact as ``memory remember`` judges it) when there is one, else the first of
+  the hybrid search's ranking that is on the topic, facts and conversations before notes and cards
+  (else the closest by cosine, then by BM25, then by history);
+- either way a query chooses only among :data:`QUERY_KINDS` (facts and conversations) unless
+  ``--kind`` names the kinds: a note or an ingested card on the topic is *passed over* (listed in
+  the reply, kept), never forgotten because a query mentioned its subject;
 - ``--all``: every fact (``--kind K``: every record of that kind).
 
 What :func:`purge` does, in this order: a deletion of each record is committed; the log is
@@ -29,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import NotFound, UsageError
+from ..errors import CapExceeded, MemoriesError, ModelUnavailable, NotFound, UsageError
 from ..index.bm25 import MAX_CANDIDATES
 from ..kinds.fact import KIND, category_of
 from ..vault import fsio
@@ -37,7 +43,7 @@ from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.live import LiveVault
 from ..vault.records import KINDS, Record, now
 from ..vault.store import VaultStore
-from .facts import fact_tokens
+from .facts import LEXICAL_SAME, _similar_by_model, current_facts, fact_tokens, jaccard, normalise
 
 if TYPE_CHECKING:
     from ..embed.types import Cancellable
@@ -54,6 +60,10 @@ class RagHost(Protocol):
     def rag(self) -> RagEngine | None: ...
 
 SCOPES = ("specific", "topic")
+#: The kinds ``--query`` chooses from unless ``--kind`` names others: what was remembered (facts) or
+#: said (conversations). A note or an ingested card is never chosen by a query alone: "forget that I
+#: prefer zsh" must not take the user's notes about zsh (issue 29).
+QUERY_KINDS = ("fact", "conversation")
 #: ``store.compact`` keeps this many revisions of every record that is not forgotten: all of them.
 KEEP_ALL = 10**9
 SNIPPET = 160
@@ -85,6 +95,16 @@ class Target:
         }
 
 
+@dataclass
+class QueryChoice:
+    """What ``--query`` chose, what the user must know, and the records on the topic that were passed over
+    because of their kind (kept: a note or a card needs ``--kind`` or ``--id``)."""
+
+    targets: list[Target]
+    notices: list[str]
+    passed_over: list[Target]
+
+
 def _target(store: VaultStore, record_id: str, match: str, score: float | None = None) -> Target | None:
     revs = store.revisions(record_id)
     if not revs:
@@ -105,13 +125,13 @@ def select_ids(store: VaultStore, ids: list[str]) -> list[Target]:
     return out
 
 
-def select_all(store: VaultStore, kind: str | None) -> list[Target]:
-    """Every current record of ``kind`` (default: every fact)."""
-    kind = kind or KIND
-    if kind not in KINDS:
+def select_all(store: VaultStore, kinds: tuple[str, ...] | None) -> list[Target]:
+    """Every current record of ``kinds`` (default: every fact)."""
+    wanted = kinds or (KIND,)
+    if any(k not in KINDS for k in wanted):
         raise UsageError(f"--kind takes {', '.join(KINDS)}")
     with store.exclusive():  # one state for every record
-        ids = [r.id for r in store.latest() if r.kind == kind]
+        ids = [r.id for r in store.latest() if r.kind in wanted]
         return [t for rid in ids if (t := _target(store, rid, "all")) is not None]
 
 
@@ -156,15 +176,63 @@ def _by_meaning(engine: RagEngine, store: VaultStore, idx: VaultIndex, query: st
     return vector
 
 
-def select_query(engine: RagEngine, vault: LiveVault, query: str, scope: str, ctx: Cancellable) -> tuple[list[Target], list[str]]:
-    """Records on the topic of ``query`` (module docstring), best first; for ``specific`` the best one."""
+def _same_fact(engine: RagEngine | None, vault: LiveVault, query: str, ctx: Cancellable) -> tuple[str, str, float] | None:
+    """The current fact ``query`` restates, as :func:`memoriesd.memory.facts.find_same` would judge a new
+    fact (any category): (id, ``exact`` or ``same``, score), or None. Exact: the same normalised text;
+    same: the model's ``fact_same_cosine`` (``fact_revise_cosine`` with a revision cue), or without a
+    calibrated local model token-set Jaccard >= ``LEXICAL_SAME``."""
+    facts = [f for f in current_facts(vault.store) if f.searchable]
+    if not facts:
+        return None
+    norm = normalise(query)
+    for rec in facts:
+        if normalise(rec.body) == norm:
+            return rec.id, "exact", 1.0
+    try:
+        judged = _similar_by_model(engine, vault, facts, query, ctx)
+    except (ModelUnavailable, CapExceeded):
+        judged = None
+    except MemoriesError as exc:
+        if exc.code in ("vault_locked", "cancelled"):
+            raise
+        judged = None
+    if judged is not None:
+        rec, score, same = judged
+        return (rec.id, "same", score) if same else None
+    j, best = max(((jaccard(query, f.body), f) for f in facts), key=lambda p: (p[0], p[1].id))
+    return (best.id, "same", j) if j >= LEXICAL_SAME else None
+
+
+def _best_ranked(engine: RagEngine, vault: LiveVault, query: str, on_topic: list[str], kinds: tuple[str, ...],
+                 ctx: Cancellable) -> str | None:
+    """The first of the hybrid search's ranking (records of ``kinds`` only) that is on the topic."""
+    from ..rag.filters import RecordFilter
+    from ..rag.search import SearchRequest, run_search
+
+    allowed = set(on_topic)
+    out = run_search(engine, vault, SearchRequest(query=query, limit=100, filters=RecordFilter(kinds=kinds)), ctx)
+    for c in out.hits:
+        got = out.fragment(c.frag_id)
+        if got is not None and got[0].record_id in allowed:
+            return got[0].record_id
+    return None
+
+
+def select_query(
+    engine: RagEngine, vault: LiveVault, query: str, scope: str, ctx: Cancellable, kinds: tuple[str, ...] | None = None,
+) -> QueryChoice:
+    """Records on the topic of ``query`` of ``kinds`` (default :data:`QUERY_KINDS`), best first; for
+    ``specific`` the best one (module docstring). Those on the topic of other kinds are passed over."""
     store = vault.store
-    from ..rag.search import SearchRequest, _default_mode, run_search
+    from ..rag.search import _default_mode
 
     if scope not in SCOPES:
         raise UsageError("--scope takes specific or topic")
     if not query.strip():
         raise UsageError("--query needs words to look for")
+    wanted = kinds or QUERY_KINDS
+    if any(k not in KINDS for k in wanted):
+        raise UsageError(f"--kind takes {', '.join(KINDS)}")
     notices: list[str] = []
     idx = engine.vault_index(vault)
     assert idx.bm25 is not None
@@ -183,24 +251,43 @@ def select_query(engine: RagEngine, vault: LiveVault, query: str, scope: str, ct
     ordered += history
     current = store.current(ordered)
     searchable = [rid for rid in ordered if rid in current and current[rid].searchable]
-    if scope == "specific" and searchable:
-        on_topic = set(searchable)
-        best = next(iter(searchable))
-        out = run_search(engine, vault, SearchRequest(query=query, limit=100), ctx)
-        for c in out.hits:
-            got = out.fragment(c.frag_id)
-            if got is not None and got[0].record_id in on_topic:
-                best = got[0].record_id
-                break
-        searchable = [best]
-    targets: list[Target] = []
+    chosen = [rid for rid in searchable if current[rid].kind in wanted]
+    passed = [rid for rid in searchable if current[rid].kind not in wanted]
+    # Facts and conversations (what was remembered or said) before notes and cards: a stable sort.
+    chosen.sort(key=lambda rid: tier(current[rid].kind))
+    same = _same_fact(engine, vault, query, ctx) if KIND in wanted else None
+    how: dict[str, tuple[str, float | None]] = {}
+    if same is not None:
+        how[same[0]] = (same[1], same[2])
+        chosen = [same[0], *(rid for rid in chosen if rid != same[0])]
+    if scope == "specific" and chosen:
+        if same is None:
+            first_tier = [k for k in wanted if tier(k) == tier(current[chosen[0]].kind)]
+            on_tier = [rid for rid in chosen if current[rid].kind in first_tier]
+            chosen = [_best_ranked(engine, vault, query, on_tier, tuple(first_tier), ctx) or on_tier[0]]
+        else:
+            chosen = chosen[:1]
+
+    def target(rid: str) -> Target | None:
+        if rid in how:
+            m, score = how[rid]
+        elif rid in vector:
+            m, score = "vector", vector[rid]
+        elif rid in lexical:
+            m, score = "lexical", lexical[rid]
+        else:
+            m, score = "history", None
+        return _target(store, rid, m, score)
+
     with store.exclusive():  # one state for every target
-        for rid in searchable:
-            how, score = ("vector", vector[rid]) if rid in vector else ("lexical", lexical[rid]) if rid in lexical else ("history", None)
-            t = _target(store, rid, how, score)
-            if t is not None:
-                targets.append(t)
-    return targets, notices
+        targets = [t for rid in chosen if (t := target(rid)) is not None]
+        others = [t for rid in passed if (t := target(rid)) is not None]
+    return QueryChoice(targets, notices, others)
+
+
+def tier(kind: str) -> int:
+    """Rank of a kind when a query chooses: facts and conversations (0) before notes and cards (1)."""
+    return 0 if kind in QUERY_KINDS else 1
 
 
 # ---------------------------------------------------------------------------- purge
@@ -327,4 +414,4 @@ def purge(
     return out
 
 
-__all__ = ["SCOPES", "Target", "purge", "select_all", "select_ids", "select_query"]
+__all__ = ["QUERY_KINDS", "SCOPES", "QueryChoice", "Target", "purge", "select_all", "select_ids", "select_query", "tier"]

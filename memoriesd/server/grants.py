@@ -293,7 +293,7 @@ def authorize(app: GrantHost, ctx: Context, method_name: str, declared: Method[_
             f"this grant lacks the {scope} scope: the person can create a grant with it: "
             f"`memories grant create {grant.vault_id} --scope {wanted}`"
         )
-    if method_name == "memory.forget" and raw.get("kind") in UNSEARCHABLE_KINDS:
+    if method_name == "memory.forget" and set(_as_list(raw.get("kind"))) & set(UNSEARCHABLE_KINDS):
         raise ScopeDenied("a grant cannot forget credentials or files: the person can, with `memories memory forget`")
     clean = {k: raw[k] for k in declared.grant_params if k in raw}
     clean["vault"] = grant.vault_id
@@ -314,6 +314,10 @@ def _hidden(rec: Record | None, cards_only: bool) -> bool:
     if rec is None or rec.deleted or rec.private or rec.kind in UNSEARCHABLE_KINDS:
         return True
     return cards_only and rec.kind != "card"
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else [value]
 
 
 def _lookup(store: VaultStore, record_id: object) -> Record | None:
@@ -438,13 +442,19 @@ def _extraction_view(extraction: dict[str, Any]) -> dict[str, Any]:
 def _forget_view(store: VaultStore, result: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
     """``memory.forget``'s reply to a grant: the records (text only with a text scope) and the counts."""
     text = _shows_text(rec)
-    rows = []
-    for r in result.get("records", []):
-        row = {k: r.get(k) for k in ("id", "kind", "category", "revisions", "match", "score")}
-        if text:
-            row.update({"title": r.get("title", ""), "text": r.get("text", "")})
-        rows.append(row)
-    out: dict[str, Any] = {"dry_run": bool(result.get("dry_run")), "records": rows, "notices": list(result.get("notices", []))}
+
+    def rows(key: str) -> list[dict[str, Any]]:
+        out = []
+        for r in result.get(key, []):
+            row = {k: r.get(k) for k in ("id", "kind", "category", "revisions", "match", "score")}
+            if text:
+                row.update({"title": r.get("title", ""), "text": r.get("text", "")})
+            out.append(row)
+        return out
+
+    out: dict[str, Any] = {"dry_run": bool(result.get("dry_run")), "records": rows("records"), "notices": list(result.get("notices", []))}
+    if "passed_over" in result:  # a query's: what it did not choose, by kind
+        out.update(kinds=result.get("kinds"), passed_over=rows("passed_over"), passed_over_total=result.get("passed_over_total", 0))
     out["forgotten"] = int(result.get("forgotten") or 0)
     out["revisions_removed"] = int(result.get("revisions_removed") or 0)
     return out

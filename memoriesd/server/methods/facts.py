@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import UsageError
 from ...kinds.fact import CATEGORIES, KIND
 from ...memory.facts import RememberRequest, current_facts, fact_view, remember
-from ...memory.forget import SCOPES, purge, select_all, select_ids, select_query
+from ...memory.forget import QUERY_KINDS, SCOPES, Target, purge, select_all, select_ids, select_query
 from ...memory.packs import build_pack
 from ...memory.recalls import recalls_of
 from ...rag.search import MODES
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 #: How many records one `memory forget --id` may name.
 MAX_IDS = 10_000
+#: How many passed-over records (on a query's topic, of a kind it did not choose) a reply lists.
+PASSED_OVER = 20
 
 
 
@@ -62,42 +64,69 @@ def memory_facts(app: App, ctx: Context) -> dict[str, Any]:
     return {"facts": [fact_view(f, recalls.get(f.id)) for f in facts]}
 
 
+def _forget_kinds(ctx: Context) -> tuple[str, ...] | None:
+    """``kind``: one kind or a list of them (``--kind`` repeated), or None."""
+    raw = ctx.params.raw.get("kind")
+    if raw is None:
+        return None
+    if isinstance(raw, list):
+        kinds = ctx.params.texts("kind")
+        if not kinds or any(k not in KINDS for k in kinds):
+            raise UsageError(f"--kind takes {', '.join(KINDS)}")
+        return tuple(dict.fromkeys(kinds))
+    return (ctx.params.choice("kind", KINDS),)
+
+
 def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
-    """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them."""
+    """Forget records for real (see memoriesd.memory.forget); ``dry_run`` only lists them.
+
+    A query chooses among facts and conversations unless ``kind`` names kinds; the records on the
+    topic it passed over (notes, cards) are listed under ``passed_over`` (at most PASSED_OVER of
+    them, ``passed_over_total`` counts all) and kept."""
     p = ctx.params
     vault = app.lease(ctx)
     store = vault.store
     ids = p.texts("ids", [])
     query = p.text("query", None, max_len=10_000)
     everything = p.flag("all", False)
-    kind = p.choice("kind", KINDS, None)
+    kinds = _forget_kinds(ctx)
     scope = p.choice("scope", SCOPES, "specific")
     dry_run = p.flag("dry_run", False)
     if sum((bool(ids), query is not None, everything)) != 1:
-        raise UsageError("say what to forget: --id ID (repeatable), --query TEXT [--scope specific|topic], or --all [--kind K]")
-    if kind is not None and not everything:
-        raise UsageError("--kind goes with --all (e.g. --all --kind memory)")
+        raise UsageError(
+            "say what to forget: --id ID (repeatable), --query TEXT [--scope specific|topic] [--kind K], or --all [--kind K]"
+        )
+    if kinds is not None and ids:
+        raise UsageError("--kind goes with --query or --all: an --id names its record whatever its kind")
     if len(ids) > MAX_IDS:
         raise UsageError(f"at most {MAX_IDS:,} ids per forget")
     notices: list[str] = []
+    passed: list[Target] = []
     with vault.hold(VaultLock.FACTS):
         if ids:
             targets = select_ids(store, ids)
         elif everything:
-            targets = select_all(store, kind)
+            targets = select_all(store, kinds)
         else:
             assert query is not None  # exactly one of ids, all, query (checked above)
-            targets, notices = select_query(app.rag, vault, query, scope, ctx)
+            choice = select_query(app.rag, vault, query, scope, ctx, kinds)
+            targets, notices, passed = choice.targets, choice.notices, choice.passed_over
         if ctx.grant is not None:
             from ..grants import granted_targets
 
             targets = granted_targets(app, ctx, targets, ids)
+            passed = granted_targets(app, ctx, passed, [])
         out: dict[str, Any] = {
             "vault_id": store.vault_id,
+            "vault": store.name,
             "dry_run": dry_run,
             "records": [t.to_dict() for t in targets],
             "notices": notices,
         }
+        if query is not None:
+            out["kinds"] = list(kinds or QUERY_KINDS)
+            out["passed_over"] = [t.to_dict() for t in passed[:PASSED_OVER]]
+            out["passed_over_total"] = len(passed)
         preserved = sum(1 for f in store.dir.glob("preserved-*") if f.is_file())
         if dry_run or not targets:
             out["preserved_files"] = preserved
