@@ -455,7 +455,7 @@ def forget(
     query: Annotated[str | None, typer.Option("--query", help="Forget the facts and conversations that say this (see --scope, --kind).")] = None,
     scope: Annotated[str, typer.Option("--scope", metavar="[specific|topic]", help="With --query: specific (the fact it restates, else the best-matching record; default) or topic (every record on it).")] = "specific",
     all_: Annotated[bool, typer.Option("--all", help="Every fact (with --kind: every record of that kind).")] = False,
-    kinds: Annotated[list[str] | None, typer.Option("--kind", metavar="[memory|card|fact|conversation|credential|file]", help="With --query: choose among these kinds (repeatable; default fact and conversation: a note or an ingested card is never chosen without it). With --all: every record of this kind.")] = None,
+    kinds: Annotated[list[str] | None, typer.Option("--kind", metavar="[memory|card|fact|conversation|credential|file]", help="With --query: choose among these kinds (repeatable; default fact and conversation: notes (memory) and ingested cards (card) are never chosen without it). With --all: every record of these kinds.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be forgotten.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask (needed off a terminal).")] = False,
     format_: PlainFormatOpt = None,

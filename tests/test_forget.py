@@ -281,7 +281,7 @@ SHELL_NOTES = {
 ZSH_FACT = "The user prefers zsh over bash"
 
 
-def _shell_vault(d: Daemon, vid: str, folder: Path) -> dict[str, str]:
+def _shell_vault(d: Daemon, vid: str, folder: Path, embed: bool = True) -> dict[str, str]:
     """The shell notes ingested from ``folder`` and one note added by hand: file stem or title -> record id."""
     folder.mkdir()
     for name, text in SHELL_NOTES.items():
@@ -289,7 +289,8 @@ def _shell_vault(d: Daemon, vid: str, folder: Path) -> dict[str, str]:
     assert cli_json(d.home, "rag", "ingest", vid, str(folder), "--recursive")["added"] == len(SHELL_NOTES)
     cards = {Path(r["source"]).stem: r["id"] for r in d.call("memory.list", {"vault": vid, "kind": "card"})["records"]}
     cards["zsh aliases"] = _add(d, vid, "zsh aliases", "alias ll='ls -l' in zsh; reload with source ~/.zshrc")
-    d.call("rag.index", {"vault": vid})
+    if embed:
+        d.call("rag.index", {"vault": vid})
     return cards
 
 
@@ -315,6 +316,12 @@ def test_forget_by_query_takes_the_remembered_fact_and_never_a_card_on_its_topic
         human = run_cli(d.home, "memory", "forget", vid, "--query", "zsh", "--dry-run")
         assert human.returncode == 0 and fact in human.stdout and "passed over (kept)" in human.stdout
         assert "Also on the topic, kept:" in human.stderr and "--kind card" in human.stderr
+        # Cards asked for too: facts and conversations still rank first, and specific takes the fact.
+        mixed = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--scope", "topic", "--kind", "card", "--kind", "fact", "--dry-run")
+        assert mixed["records"][0]["id"] == fact and {r["kind"] for r in mixed["records"][1:]} == {"card"}
+        assert [r["kind"] for r in mixed["passed_over"]] == ["memory"]
+        one = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--kind", "card", "--kind", "fact", "--dry-run")
+        assert [r["id"] for r in one["records"]] == [fact]
         out = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--yes")
         assert [r["id"] for r in out["records"]] == [fact] and out["forgotten"] == 1
         assert d.call("memory.facts", {"vault": vid})["facts"] == []
@@ -352,6 +359,43 @@ def test_forget_by_query_takes_the_remembered_fact_and_never_a_card_on_its_topic
         _all_kept(d, vid, {k: v for k, v in cards.items() if k not in ("chsh", "fish")})
         assert len(d.call("memory.list", {"vault": vid, "kind": "card"})["records"]) == len(SHELL_NOTES) - 2
 
+
+
+def test_forget_by_query_takes_the_conversation_a_turn_said_it_in_and_keeps_the_cards(tmp_path: Path) -> None:
+    with _daemon() as (d, vid):
+        cards = _shell_vault(d, vid, tmp_path / "shell")
+        chat = tmp_path / "chat.md"
+        chat.write_text(
+            "# Terminal chat\n\nUser: I moved my login shell to fish last week, its autosuggestions are great.\n\n"
+            "Assistant: Fish suggests commands from your history as you type.\n\n"
+            "User: Remind me to renew the passport in May.\n"
+        )
+        captured = cli_json(d.home, "memory", "capture", vid, str(chat), "--no-extract")
+        (talk,) = [r["id"] for r in captured["records"]]
+        dry = cli_json(d.home, "memory", "forget", vid, "--query", "fish autosuggestions", "--dry-run")
+        assert [(r["id"], r["kind"]) for r in dry["records"]] == [(talk, "conversation")]
+        assert cards["fish"] in {r["id"] for r in dry["passed_over"]}
+        out = cli_json(d.home, "memory", "forget", vid, "--query", "fish autosuggestions", "--yes")
+        assert [r["id"] for r in out["records"]] == [talk] and out["forgotten"] == 1
+        assert d.call("memory.list", {"vault": vid, "kind": "conversation"})["records"] == []
+        _all_kept(d, vid, cards)
+        # The same turn, asked for among cards only, is not there: the card on fish is the target.
+        dry = cli_json(d.home, "memory", "forget", vid, "--query", "fish autosuggestions", "--kind", "card", "--dry-run")
+        assert [r["id"] for r in dry["records"]] == [cards["fish"]]
+
+
+def test_without_a_model_words_choose_the_restated_fact_and_still_never_a_card(tmp_path: Path) -> None:
+    with running_daemon() as d:  # no embedding model: BM25 and token sets only
+        vid = create_vault(d, passphrase=PASS)
+        cards = _shell_vault(d, vid, tmp_path / "shell", embed=False)
+        fact = _remember_cli(d, vid, ZSH_FACT)
+        other = _remember_cli(d, vid, "The user runs zsh inside tmux")
+        dry = cli_json(d.home, "memory", "forget", vid, "--query", "user prefers zsh to bash", "--dry-run")
+        assert [(r["id"], r["match"]) for r in dry["records"]] == [(fact, "same")]  # token-set Jaccard 1.0
+        topic = cli_json(d.home, "memory", "forget", vid, "--query", "zsh", "--scope", "topic", "--dry-run")
+        assert {r["id"] for r in topic["records"]} == {fact, other}
+        assert cards["chsh"] in {r["id"] for r in topic["passed_over"]}
+        assert not {r["id"] for r in topic["records"]} & set(cards.values())
 
 def _forget_over_mcp(d: Daemon, token: str, calls: list[dict[str, Any]], errlog: Path) -> list[CallToolResult]:
     """Each ``memory_forget`` call in turn through `memories mcp` and the MCP SDK's own stdio client."""
