@@ -355,7 +355,8 @@ def test_forget_by_query_takes_the_remembered_fact_and_never_a_card_on_its_topic
         # With --kind card the card can be targeted, and only it goes.
         out = cli_json(d.home, "memory", "forget", vid, "--query", "change login shell chsh", "--kind", "card", "--yes")
         assert [r["id"] for r in out["records"]] == [cards["chsh"]]
-        assert "Forgot 1 record(s)" in run_cli(d.home, "memory", "forget", vid, "--id", cards["fish"], "--yes").stderr
+        by_id = run_cli(d.home, "memory", "forget", vid, "--id", cards["fish"], "--yes").stderr
+        assert "Forgot 1 record(s) and 1 revision(s) from vault personal;" in by_id and vid not in by_id  # by name
         _all_kept(d, vid, {k: v for k, v in cards.items() if k not in ("chsh", "fish")})
         assert len(d.call("memory.list", {"vault": vid, "kind": "card"})["records"]) == len(SHELL_NOTES) - 2
 
