@@ -204,6 +204,8 @@ def test_dry_run_lists_without_changing_anything_and_off_a_terminal_it_needs_yes
         assert unknown.returncode == 4 and "error[not_found]" in unknown.stderr
         both = run_cli(d.home, "memory", "forget", vid, "--all", "--query", "x", "--yes")
         assert both.returncode == 2 and "say what to forget" in both.stderr
+        named = run_cli(d.home, "memory", "forget", vid, "--id", a, "--kind", "card", "--yes")  # an id needs no kind
+        assert named.returncode == 2 and "--kind goes with --query or --all" in named.stderr
         nothing = run_cli(d.home, "memory", "forget", vid, "--query", "submarine", "--scope", "topic", "--kind", "memory", "--yes")
         assert nothing.returncode == 0 and "nothing to forget" in nothing.stderr
         # On a terminal it lists what would go and asks: "n" keeps it, "y" forgets it.
