@@ -22,7 +22,7 @@ from .grant_setup import (
     expiry_text,
     tell_grant,
 )
-from .state import STATE, call, emit_json, fmt_time, notice, table
+from .state import STATE, call, cli_command, emit_json, fmt_time, notice, table
 
 grant_app = typer.Typer(help="Create, list and revoke grants that let AI tools reach one vault.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -85,8 +85,10 @@ def list_(
     """
     fmt = chosen(format_, color)
     out = call("grant.list", {"vault": vault} if vault else {})
+    names = out.get("locked_vault_names") or {}
     for vid in out.get("locked_vaults", []):
-        notice(f"vault {vid} is locked: its grants are sealed inside it (run `memories vault unlock {vid}` to list them)")
+        ref = names.get(vid, vid)  # the vault's name (an older daemon sends ids only)
+        notice(f"vault {ref} is locked: its grants are sealed inside it (run `{cli_command('vault', 'unlock', ref)}` to list them)")
     grants = out["grants"]  # the daemon's grant views: never a token
 
     def text() -> None:

@@ -23,6 +23,7 @@ from .grant_cmds import register as _register_grants
 from .memory_cmds import memory_app
 from .rag_cmds import register as _register_rag
 from .state import STATE, fail
+from .status_cmds import register as _register_status
 from .tidy_cmds import register as _register_tidy
 from .vault_cmds import daemon_app, vault_app
 
@@ -44,6 +45,7 @@ app.add_typer(daemon_app, name="daemon")
 
 # Every command group, registered explicitly: a broken import fails every command loudly instead of
 # silently dropping `rag` or `grant` ("No such command").
+_register_status(app)
 _register_rag(app)
 _register_grants(app)
 _register_conversations(app)

@@ -203,11 +203,24 @@ def _render_search(out: dict[str, Any]) -> str:
     for i, r in enumerate(out["results"], start=1):
         lines.append(f"{i}. id={r['id']} revision={r['revision']} kind={r['kind']} score={r['score']}")
         lines.append(f"   title: {r['title']}")
+        where = _where(r)
+        if where:
+            lines.append(f"   {where}")
         lines.append(f"   snippet: {r['snippet']}")
     ignored = out.get("ignored_terms")
     if ignored:  # a count (very common words skipped for speed), or a list of the terms
         lines.append(f"ignored terms: {ignored if isinstance(ignored, int) else ', '.join(map(str, ignored))}")
     return "\n".join(lines)
+
+
+def _where(r: dict[str, Any]) -> str:
+    """``source: /notes/chsh.md lines 3-9`` (a card: its file), or ``lines: 1-2 of the record`` (the best
+    passage's lines in the record's body)."""
+    line, end = r.get("line"), r.get("end_line")
+    lines = "" if line is None else f"line {line}" if end in (None, line) else f"lines {line}-{end}"
+    if r.get("source"):
+        return f"source: {r['source']}" + (f" {lines}" if lines else "")
+    return f"{lines} of the record" if lines else ""
 
 
 def _render_read(out: dict[str, Any]) -> str:
@@ -247,7 +260,7 @@ def _pick(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: d.get(k) for k in keys}
 
 
-SEARCH_ITEM = ("id", "revision", "kind", "title", "score", "snippet")
+SEARCH_ITEM = ("id", "revision", "kind", "title", "score", "snippet", "source", "line", "end_line")
 READ_KEYS = ("id", "revision", "kind", "title", "body", "tags", "created", "updated")
 RETRIEVE_ITEM = ("label", "record_id", "revision", "title", "start", "end", "score", "text", "source")
 CITATION = ("label", "record_id", "revision", "title", "start", "end", "source")
@@ -400,7 +413,8 @@ def register_lookup_tools(server: MCPServer, run: Run) -> None:
         name="memory_search",
         title="Search memories",
         description="Find records in the person's Memories vault by words (lexical BM25, one result per record, "
-        "with a snippet). Needs the grant scope `search`. " + DATA_NOTICE,
+        "with a snippet, its source file for an ingested note and the line range of the best passage). Needs the "
+        "grant scope `search`. " + DATA_NOTICE,
         annotations=READ_ONLY,
     )
     async def memory_search(

@@ -114,12 +114,20 @@ def add(
 @memory_app.command("read")
 def read(
     vault: Annotated[str, typer.Argument(help="Vault id or name.")],
-    record_id: Annotated[str, typer.Argument(metavar="ID", help="Record id.")],
+    record_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="Record id (or give --path).")] = None,
     revision: Annotated[int | None, typer.Option("--revision", help="An older revision.")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="For a file resource: write its bytes here.")] = None,
+    path: Annotated[str | None, typer.Option("--path", help="Instead of an ID: the card ingested from this file (e.g. notes/chsh.md; the end of its path is enough).")] = None,
 ) -> None:
-    """Show a record, or write a file resource's bytes with --output."""
-    params: dict[str, Any] = {"vault": vault, "id": record_id, "with_data": output is not None}
+    """Show a record (by its id, or the card ingested from a file with --path); --output writes it out."""
+    if (record_id is None) == (path is None):
+        raise UsageError("give a record ID or --path FILE (the card ingested from that file), not both")
+    params: dict[str, Any] = {"vault": vault, "with_data": output is not None}
+    if record_id is not None:
+        params["id"] = record_id
+    else:
+        assert path is not None
+        params.update({"path": path, "absolute": os.path.realpath(os.path.expanduser(path))})
     if revision is not None:
         params["revision"] = revision
     out = call("memory.read", params)

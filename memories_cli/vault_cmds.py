@@ -35,10 +35,29 @@ PassStdin = Annotated[bool, typer.Option("--passphrase-stdin", help="Read the pa
 PassFile = Annotated[Path | None, typer.Option("--passphrase-file", help="Read the passphrase from the first line of this file.")]
 
 
+#: Passphrase tries of an interactive unlock (a terminal); a passphrase from stdin or a file gets one.
+UNLOCK_TRIES = 3
+
+
 def _one_passphrase(stdin: bool, path: Path | None, *, confirm: bool) -> str:
     if stdin or path is not None:
         return read_secret_lines(stdin, path, 1)[0]
     return prompt_secret("Passphrase: ", confirm=confirm)
+
+
+def _checked_new(passphrase: str, context: str, interactive: bool, prompt: str) -> str:
+    """A new passphrase after its strength check: a weak one gets a one-line warning on stderr and, on
+    a terminal, a question (no: ask for another). The passphrase itself is never shown or logged."""
+    from .passphrase import weakness
+
+    while True:
+        weak = weakness(passphrase, [context])
+        if weak is None:
+            return passphrase
+        notice(weak.line())
+        if not interactive or typer.confirm("Use this passphrase anyway?", default=False, err=True):
+            return passphrase
+        passphrase = prompt_secret(prompt, confirm=True)
 
 
 @vault_app.command("create")
@@ -55,6 +74,8 @@ def create(
     if not (passphrase_stdin or passphrase_file):
         notice("A lost passphrase means lost data: nobody can recover this vault without it.")
     pw = _one_passphrase(passphrase_stdin, passphrase_file, confirm=True)
+    interactive = not (passphrase_stdin or passphrase_file)
+    pw = _checked_new(pw, name, interactive, "Passphrase: ")
     out = call("vault.create", {"name": name, "passphrase": pw, "remember": remember, "device_only": device_only})
     for n in out.pop("notices", []):
         notice(n)
@@ -162,10 +183,9 @@ def unlock(
 ) -> None:
     """Unlock a vault.
 
-    Uses the OS keyring when the secret was remembered; else asks for the passphrase.
+    Uses the OS keyring when the secret was remembered; else asks for the passphrase, up to three
+    times on a terminal (once when it comes from stdin or a file).
     """
-    from memoriesd.errors import MemoriesError
-
     params: dict[str, Any] = {"vault": vault, "remember": remember}
     if passphrase_stdin or passphrase_file:
         params["passphrase"] = _one_passphrase(passphrase_stdin, passphrase_file, confirm=False)
@@ -178,11 +198,25 @@ def unlock(
                 raise
             if exc.code == "keyring_unreadable":
                 notice(f"warning: {exc.message}")  # then ask, as when nothing is remembered
-            params["passphrase"] = prompt_secret("Passphrase: ")
-            out = call("vault.unlock", params)
+            out = _unlock_asking(params)
     for n in out.pop("notices", []):
         notice(n)
     report(out, f"Unlocked vault {out['name']}.")
+
+
+def _unlock_asking(params: dict[str, Any]) -> Any:
+    """Unlock with a passphrase typed at the terminal: a wrong one is asked again, ``UNLOCK_TRIES`` in all
+    (the daemon's slow-down after failures still applies to each)."""
+    for attempt in range(UNLOCK_TRIES):
+        params["passphrase"] = prompt_secret("Passphrase: ")
+        try:
+            return call("vault.unlock", params)
+        except MemoriesError as exc:
+            left = UNLOCK_TRIES - 1 - attempt
+            if exc.code != "bad_passphrase" or not left:
+                raise
+            notice(f"wrong passphrase, try again ({left} left)")
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @vault_app.command("lock")
@@ -246,6 +280,7 @@ def passwd(
     else:
         old = prompt_secret("Current passphrase: ")
         new = prompt_secret("New passphrase: ", confirm=True)
+    new = _checked_new(new, vault, not (passphrase_stdin or passphrase_file), "New passphrase: ")
     params: dict[str, Any] = {"vault": vault, "old": old, "new": new}
     if rekey:
         params["rekey"] = True

@@ -214,7 +214,7 @@ def test_wrong_resume_counts_against_the_retries(tmp_path: Path, mode: str) -> N
     # first try, one wrong resume, then the whole file at most retries + 1 times (ended by the count, not a timeout)
     assert n <= 2 + cfg.retries + 1, mirror.requests
     msg = ei.value.message
-    assert "\n" not in msg and "wrong part" in msg and "config.json" in msg and "model_download_base_url" in msg
+    assert "\n" not in msg and "wrong part" in msg and "config.json" in msg and "download_url" in msg
     assert not (tmp_path / "model" / "config.json").exists()
 
 
@@ -233,7 +233,7 @@ def test_model_install_cli_ends_quickly_against_a_mirror_that_resumes_wrongly() 
     assert r.returncode == 1, r.stderr
     last = r.stderr.splitlines()[-1]  # before it: plain progress lines (stderr is not a terminal)
     assert "Traceback" not in r.stderr and last.startswith("error[http_error]: "), r.stderr
-    assert "wrong part" in last and "model_download_base_url" in last
+    assert "wrong part" in last and "download_url" in last
     assert n <= 5, mirror.requests
 
 

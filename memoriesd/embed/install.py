@@ -32,8 +32,8 @@ from typing import Any
 import memoriesd
 
 from ..config import HttpConfig
-from ..errors import DigestMismatch, ModelInstallError, UrlRefused
-from ..net.download import download_file
+from ..errors import DigestMismatch, HttpError, ModelInstallError, UrlRefused
+from ..net.download import MirrorUnreachable, download_file
 from ..net.http_client import HttpClient
 from ..urls import check_url, display_url
 
@@ -270,6 +270,15 @@ def _lock(dest: Path) -> int:
     return fd
 
 
+#: What to do when the mirror cannot be reached (offline, a firewall, a proxy needed): appended to the error.
+OFFLINE_HINT = (
+    "Offline? Copy an installed model folder (e.g. HOME/models/embeddinggemma of another machine, all its files) "
+    "to this machine and set [embedding.local] model_dir = \"FOLDER\" in config.toml: no download is needed then. "
+    "Or download from a mirror of the files: [embedding.local] download_url = \"https://...\"; or through a "
+    "proxy: [http] proxy_url (HTTPS_PROXY is used too)"
+)
+
+
 def install_model(
     manifest: Manifest,
     dest: Path,
@@ -281,7 +290,7 @@ def install_model(
 ) -> InstallReport:
     """Install the manifest's files into ``dest`` (see the module doc).
 
-    ``base_url`` is a mirror (``rag.model_download_base_url``; None or "" = the
+    ``base_url`` is a mirror (``[embedding.local] download_url``; None or "" = the
     manifest's default) holding the files at ``base + "/" + path``. ``cancel``
     is called between chunks and may raise (e.g. ``Cancelled``); a partial
     ``.part`` file is kept and resumed by the next run.
@@ -299,6 +308,8 @@ def install_model(
         results = _present_files(manifest, dest, progress)
         downloaded_bytes = _download_missing(manifest, dest, base, http, results, progress, cancel)
         _write_upstream(manifest, dest)
+    except MirrorUnreachable as exc:
+        raise HttpError(f"{exc.message}. {OFFLINE_HINT}", code=exc.code) from None
     except OSError as exc:
         raise ModelInstallError(
             f"cannot read or write the model directory {dest} ({exc.strerror or 'I/O error'}): free disk space "

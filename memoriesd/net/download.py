@@ -44,6 +44,11 @@ _PROGRESS_STEP = 1 << 20
 Progress = Callable[[dict[str, object]], None]
 
 
+class MirrorUnreachable(HttpError):
+    """The mirror could not be reached or dropped the exchange (no HTTP answer): the machine may be
+    offline. The model installer adds what to do then (a local model folder, a mirror, a proxy)."""
+
+
 def redirect_target(current: str, location: str, *, origin: str, purpose: str) -> str:
     """The absolute URL a download redirect leads to, if the rule allows following it.
 
@@ -205,7 +210,7 @@ def _fill(
                 continue
             raise DigestMismatch(
                 f"the downloaded model file {name} does not match its pinned SHA-256 (the mirror serves "
-                "different bytes); nothing was installed: check rag.model_download_base_url, then run "
+                "different bytes); nothing was installed: check [embedding.local] download_url, then run "
                 "`memories rag model-install` again"
             )
         return
@@ -258,7 +263,7 @@ def _bad_resume_error(url: str, name: str, *, whole_failed: bool = False) -> Htt
     again = ", and the whole file could not be downloaded either" if whole_failed else " twice"
     return HttpError(
         f"the mirror {host_of(url)} answered a resumed download (Range request) of the model file {name} with "
-        f"the wrong part{again}; {name} was not installed: check rag.model_download_base_url or use another mirror"
+        f"the wrong part{again}; {name} was not installed: check [embedding.local] download_url or use another mirror"
     )
 
 
@@ -321,7 +326,7 @@ def _attempt(
                 if status not in (200, 206):
                     raise HttpError(
                         f"the mirror {host} answered HTTP {status} for the model file {name}: check "
-                        "rag.model_download_base_url (it must hold the pinned revision's files)"
+                        "[embedding.local] download_url (it must hold the pinned revision's files)"
                     )
                 _check_extent(resp, state, size=size, name=name, host=host)
                 _stream_body(resp, state, size=size, name=name, deadline=deadline, progress=progress,
@@ -330,7 +335,7 @@ def _attempt(
             if time.monotonic() >= deadline:
                 raise _budget_error(name, http.cfg.download_timeout_seconds) from None
             reason, retryable = describe_transport_error(exc)
-            err = HttpError(
+            err = MirrorUnreachable(
                 f"downloading the model file {name} from {host} failed: {reason}; check the network and the "
                 "proxy settings, then run `memories rag model-install` again (it resumes)"
             )
@@ -356,7 +361,7 @@ def _check_extent(resp: httpx.Response, state: _State, *, size: int, name: str, 
         if length is not None and length.isdigit() and int(length) != size:
             raise DigestMismatch(
                 f"the mirror {host} serves the model file {name} with {int(length)} bytes, the pinned file has "
-                f"{size}; nothing was installed: check rag.model_download_base_url"
+                f"{size}; nothing was installed: check [embedding.local] download_url"
             )
         return
     m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
@@ -365,7 +370,7 @@ def _check_extent(resp: httpx.Response, state: _State, *, size: int, name: str, 
     if m.group(3) != "*" and int(m.group(3)) != size:
         raise DigestMismatch(
             f"the mirror {host} serves the model file {name} with {m.group(3)} bytes, the pinned file has "
-            f"{size}; nothing was installed: check rag.model_download_base_url"
+            f"{size}; nothing was installed: check [embedding.local] download_url"
         )
 
 
@@ -387,7 +392,7 @@ def _stream_body(
         if state.offset + len(chunk) > size:
             raise DigestMismatch(
                 f"the mirror sends more bytes than the pinned size of the model file {name}; nothing was "
-                "installed: check rag.model_download_base_url"
+                "installed: check [embedding.local] download_url"
             )
         state.fh.write(chunk)
         state.hasher.update(chunk)

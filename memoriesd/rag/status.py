@@ -144,4 +144,13 @@ def _background_status(engine: StatusEngine, store: VaultStore, emb: dict[str, A
         emb["error"] = view["error"]
 
 
-__all__ = ["vault_status"]
+def embedding_progress(engine: StatusEngine, store: VaultStore) -> dict[str, Any]:
+    """The ``embedding`` part of :func:`vault_status` alone (no fragment count of an unbuilt index):
+    ``memories status`` shows it for every vault at once."""
+    emb: dict[str, Any] = {"available": engine.embedding.available()}
+    _embedding_status(engine, store, engine.peek_index(store), emb)
+    _background_status(engine, store, emb)
+    return emb
+
+
+__all__ = ["vault_status", "embedding_progress"]

@@ -143,6 +143,7 @@ class Router:
         self._lock = threading.Lock()
         self._workers: dict[str, Worker] = {}
         self._gates: dict[str, threading.Lock] = {}
+        self._starting: dict[str, threading.Event] = {}  # a process being started for the vault (set: done)
         self._spare: Worker | None = None
         self._spare_gate = threading.Lock()
         self.closed = False
@@ -160,6 +161,7 @@ class Router:
             "grant.list": self._grant_list,
             "grant.revoke": self._grant_revoke,
             "rag.watch_reload": self._watch_reload,
+            "vault.overview": self._overview,
         }
         for stale in [*self.home.run.glob("w*.sock"), *self.home.run.glob("m*.sock")]:  # we hold the home's lock
             with contextlib.suppress(OSError):
@@ -237,7 +239,8 @@ class Router:
         if not w.ready.wait(READY_SECONDS) or w.ended.is_set():
             with contextlib.suppress(OSError):
                 proc.kill()
-            raise Internal(f"the process for vault {vault_id or '(spare)'} did not start: see the daemon log (logs/memoriesd.log)")
+            what = f"vault {self.app.vaults.name_of(vault_id)}" if vault_id else "a spare vault process"
+            raise Internal(f"the process for {what} did not start: see the daemon log (logs/memoriesd.log)")
         return w
 
     def _ensure_spare(self) -> None:
@@ -269,20 +272,38 @@ class Router:
         return spare
 
     def _spawn(self, vault_id: str, create: bool = False) -> Worker:
-        with self._gate(vault_id):
+        started = threading.Event()
+        with self._lock:
+            self._starting[vault_id] = started
+        try:
+            with self._gate(vault_id):
+                with self._lock:
+                    current = self._workers.get(vault_id)
+                if current is not None and current.alive:
+                    return current
+                if current is not None:  # never two processes on one vault: the ending one exits first
+                    self._wait_end(current)
+                if self.closed:
+                    raise Internal("the daemon is stopping: run the command again once it has restarted")
+                w = self._take_spare(vault_id, create) or self._start(vault_id, create)
+                with self._lock:
+                    self._workers[vault_id] = w
+                log.info("vault %s: served by process %d", vault_id, w.proc.pid)
+                return w
+        finally:
             with self._lock:
-                current = self._workers.get(vault_id)
-            if current is not None and current.alive:
-                return current
-            if current is not None:  # never two processes on one vault: the ending one exits first
-                self._wait_end(current)
-            if self.closed:
-                raise Internal("the daemon is stopping: run the command again once it has restarted")
-            w = self._take_spare(vault_id, create) or self._start(vault_id, create)
-            with self._lock:
-                self._workers[vault_id] = w
-            log.info("vault %s: served by process %d", vault_id, w.proc.pid)
-            return w
+                if self._starting.get(vault_id) is started:
+                    del self._starting[vault_id]
+            started.set()
+
+    def _live_after_start(self, vault_id: str) -> Worker | None:
+        """The vault's process, once one that another client's unlock is starting listens (a request
+        sent during that unlock goes to it and waits there for the unlock: see ``BoundVaults.await_unlock``)."""
+        with self._lock:
+            starting = self._starting.get(vault_id)
+        if starting is not None:
+            starting.wait(READY_SECONDS)
+        return self.live(vault_id)
 
     def _read(self, w: Worker) -> None:
         """The worker's stdout: ``ready``, ``bound``, ``unlocked``, ``locking``, ``closing``; its end is the process's end."""
@@ -383,6 +404,8 @@ class Router:
         w = self.live(vault_id)
         if w is None and p.flag("start", False):
             w = self._spawn(vault_id)
+        elif w is None and not p.flag("locked_ok", False):
+            w = self._live_after_start(vault_id)
         name = self.app.vaults.name_of(vault_id)
         if w is not None:
             return {"vault_id": vault_id, "name": name, "socket": str(w.socket_path)}
@@ -476,6 +499,28 @@ class Router:
         futures = [(w, self._asking.submit(one, w)) for w in ws]
         return [(w, f.result()) for w, f in futures]
 
+    def _overview(self, app: App, ctx: Context) -> dict[str, Any]:
+        """``memories status``: every vault in one request. Each vault's process answers for its vault
+        (asked at once, ``STATUS_SECONDS`` × 2 at most); a locked vault is answered here, and a process
+        too busy to answer in time is shown unlocked with ``busy``."""
+        ref = ctx.params.text("vault", None)
+        ids = [app.vaults.resolve(ref)] if ref else [v["vault_id"] for v in app.vaults.list_vaults()]
+        ws = [w for w in self.workers() if w.vault_id in ids]
+        answers = {w.vault_id: res for w, res in self._ask_all(ws, "vault.overview", None)}
+        rows: list[dict[str, Any]] = []
+        for vault_id in ids:
+            res = answers.get(vault_id)
+            theirs = res.get("vaults") if isinstance(res, dict) else None
+            if isinstance(theirs, list) and theirs and isinstance(theirs[0], dict):
+                rows.append(theirs[0])
+                continue
+            row = vault_methods.vault_info(app, vault_id)
+            if isinstance(res, TimeoutError):
+                w = self.live(vault_id)
+                row.update({"locked": not (w is not None and w.saw_unlocked), "busy": True})
+            rows.append(row)
+        return {"vaults": rows}
+
     def _grant_list(self, app: App, ctx: Context) -> dict[str, Any]:
         if ctx.params.text("vault", None) is not None:
             return self._guarded("grant.list", app, ctx)
@@ -485,9 +530,11 @@ class Router:
             if isinstance(res, dict):
                 grants.extend(res["grants"])
                 answered.add(w.vault_id)
-        locked = [v["vault_id"] for v in app.vaults.list_vaults() if v["vault_id"] not in answered]
+        listed = app.vaults.list_vaults()
+        locked = [v["vault_id"] for v in listed if v["vault_id"] not in answered]
+        names = {v["vault_id"]: v["name"] for v in listed if v["vault_id"] in locked}
         grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
-        return {"grants": grants, "locked_vaults": locked}
+        return {"grants": grants, "locked_vaults": locked, "locked_vault_names": names}
 
     def _grant_revoke(self, app: App, ctx: Context) -> dict[str, Any]:
         p = ctx.params

@@ -16,6 +16,7 @@ ROUTER_METHODS = frozenset(
         "daemon.status",
         "daemon.stop",
         "vault.list",
+        "vault.overview",
         "vault.lock",
         "vault.delete",
         "vault.route",

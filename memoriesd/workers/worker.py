@@ -37,7 +37,7 @@ from ..config import Config
 from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists
 from ..home import Home
 from ..server.context import Context
-from ..vault.live import LiveVault
+from ..vault.live import LeaseScope, LiveVault
 from ..vault.manager import VaultManager, validate_name
 from ..vault.rekey import RekeyParts
 from ..vault.store import VaultStore
@@ -56,6 +56,12 @@ CHECK_SECONDS = 0.05
 CLOSING_GRACE_SECONDS = 2.0
 #: ...and ends once no connection has been open for this long.
 QUIET_SECONDS = 0.1
+#: A request for the vault that arrives while another client's unlock runs here waits for it at most
+#: this long (the Argon2id derivation, the slow-down after failures, the log's recovery and load).
+UNLOCK_WAIT_SECONDS = 60.0
+#: A process started for an unlock receives it within this (the client's next round trip): a request
+#: that arrives first waits that long for the unlock to begin.
+FIRST_REQUEST_SECONDS = 5.0
 
 
 @contextlib.contextmanager
@@ -84,10 +90,53 @@ class BoundVaults(VaultManager):
         self.vault_id = vault_id
         self._may_create = create
         self._on_register = on_unlock
+        # An unlock in this process: requests for the vault wait for it (see await_unlock).
+        self._opening = threading.Condition(threading.Lock())
+        self._unlocking = 0
+        self._attempted = False  # an unlock (or passwd) request has reached this process
+        self._bound_at = time.monotonic()
 
     def bind(self, vault_id: str, create: bool) -> None:
         """A spare's manager takes the vault the router gave it."""
         self.vault_id, self._may_create = vault_id, create
+        self._bound_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def _opening_turn(self) -> Iterator[None]:
+        """An unlock (or passwd) attempt: requests waiting in :meth:`await_unlock` wake when it ends."""
+        with self._opening:
+            self._attempted = True
+            self._unlocking += 1
+            self._opening.notify_all()
+        try:
+            yield
+        finally:
+            with self._opening:
+                self._unlocking -= 1
+                self._opening.notify_all()
+
+    def await_unlock(self) -> None:
+        """While this process's vault is being unlocked by another client's request (or the process was
+        started for one that has not arrived yet), wait for it: a search sent during an unlock answers
+        once the vault is open instead of "vault is locked". Bounded by ``UNLOCK_WAIT_SECONDS``."""
+        deadline = time.monotonic() + UNLOCK_WAIT_SECONDS
+        with self._opening:
+            while self.live(self.vault_id) is None:
+                now = time.monotonic()
+                if self._unlocking:
+                    until = deadline
+                elif not self._attempted:
+                    until = min(deadline, self._bound_at + FIRST_REQUEST_SECONDS)
+                else:
+                    return  # the unlock is over (it failed, or the vault locked since)
+                if now >= until:
+                    return
+                self._opening.wait(until - now)
+
+    def use(self, ref: str, ctx: LeaseScope) -> LiveVault:
+        self.mine(ref)
+        self.await_unlock()
+        return super().use(ref, ctx)
 
     def mine(self, ref: str) -> str:
         vault_id = self.resolve(ref)
@@ -123,12 +172,12 @@ class BoundVaults(VaultManager):
 
     def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:
         self.mine(ref)
-        with kdf_turn(self.home):
+        with self._opening_turn(), kdf_turn(self.home):
             return super().unlock(ref, passphrase)
 
     def passwd(self, ref: str, old: bytearray, new: bytearray) -> None:
         self.mine(ref)
-        with kdf_turn(self.home):
+        with self._opening_turn(), kdf_turn(self.home):
             super().passwd(ref, old, new)
 
     def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
@@ -208,8 +257,10 @@ class WorkerRole:
 
     def ending_error(self) -> MemoriesError:
         """A request that reached this process after it decided to end: nothing ran, the client asks again."""
+        vaults = self._app().vaults
+        name = vaults.name_of(self.vault_id) if self.vault_id else "(none)"
         return MemoriesError(
-            f"the process of vault {self.vault_id} is ending (the vault was locked): run the command again", code=ENDING
+            f"the process of vault {name} is ending (the vault was locked): run the command again", code=ENDING
         )
 
     def bind(self, vault_id: str, create: bool) -> None:

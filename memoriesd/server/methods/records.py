@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from ...errors import UsageError
+from ...errors import NotFound, UsageError
 from ...vault.records import KINDS, Record, new_record_id, now
 from ...vault.store import VaultStore
 from ..context import Context
@@ -90,12 +91,47 @@ def _changed(app: App, store: VaultStore, rec: Record) -> None:
 
 
 def memory_read(app: App, ctx: Context) -> dict[str, Any]:
+    """A record by its ``id``, or the card ingested from ``path`` (as typed; ``absolute``: the same path
+    made absolute by the client, which knows its working directory)."""
     store = app.lease(ctx).store
-    rec = store.get(ctx.params.text("id", allow_empty=False), ctx.params.integer("revision", None, lo=1))
+    path = ctx.params.text("path", None, max_len=4096)
+    if path is not None and ctx.params.text("id", None) is None:
+        record_id = card_by_path(store, path, ctx.params.text("absolute", None, max_len=4096)).id
+    else:
+        record_id = ctx.params.text("id", allow_empty=False)
+    rec = store.get(record_id, ctx.params.integer("revision", None, lo=1))
     out = rec.full()
     if rec.kind == "file" and ctx.params.flag("with_data", False):
         out["data"] = rec.body
     return out
+
+
+def card_by_path(store: VaultStore, path: str, absolute: str | None = None) -> Record:
+    """The card ingested from ``path``: the one whose source file is ``absolute``, else the one whose
+    source path ends with ``path`` (whole components: ``notes/chsh.md`` matches ``~/tldr/notes/chsh.md``,
+    never ``~/tldr/mynotes/chsh.md``). Several candidates: ask for more of the path."""
+    cards = [r for r in store.latest() if r.kind == "card" and r.meta.get("source")]
+    if absolute:
+        exact = [r for r in cards if str(r.meta["source"]) == absolute]
+        if exact:
+            return exact[0]
+    want = tuple(part for part in PurePosixPath(path.replace("\\", "/")).parts if part not in (".", "/"))
+    if not want:
+        raise UsageError("give the path of an ingested file, e.g. notes/chsh.md")
+    found = [r for r in cards if PurePosixPath(str(r.meta["source"])).parts[-len(want):] == want]
+    if len(found) == 1:
+        return found[0]
+    name = store.name
+    if not found:
+        raise NotFound(
+            f"no card of vault {name} was ingested from a file at {path}: `memories memory list {name} --kind card` "
+            "lists the cards with their source files"
+        )
+    shown = ", ".join(sorted(str(r.meta.get("path") or r.meta["source"]) for r in found)[:3])
+    raise UsageError(
+        f"{len(found):,} cards of vault {name} were ingested from files at {path} ({shown}"
+        f"{', ...' if len(found) > 3 else ''}): give more of the path, or the absolute path"
+    )
 
 
 def memory_history(app: App, ctx: Context) -> dict[str, Any]:

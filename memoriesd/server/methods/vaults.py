@@ -61,6 +61,40 @@ def vault_info(app: App, vault_id: str) -> dict[str, Any]:
     return info
 
 
+def vault_overview(app: App, ctx: Context) -> dict[str, Any]:
+    """``memories status``: each vault's state, records, index and embedding progress, auto-lock time
+    left and grant count; nothing of its text. The router asks every vault's process at once (each
+    answers for its own vault) and answers for the locked ones itself."""
+    ref = ctx.params.text("vault", None)
+    ids = [app.vaults.resolve(ref)] if ref else [v["vault_id"] for v in app.vaults.list_vaults()]
+    return {"vaults": [overview_of(app, vault_id) for vault_id in ids]}
+
+
+def overview_of(app: App, vault_id: str) -> dict[str, Any]:
+    """One vault's row of :func:`vault_overview` (read without a lease: it does not reset the auto-lock clock)."""
+    info = vault_info(app, vault_id)
+    live = app.vaults.live(vault_id)
+    if live is None:
+        return info
+    store = live.store
+    minutes = app.config.daemon.auto_lock_minutes
+    left = minutes * 60.0 - (time.monotonic() - live.last_used)
+    info["auto_lock_seconds"] = round(max(0.0, left), 1) if minutes > 0 else None
+    from .grants import _grants_of
+
+    info["grants"] = len(_grants_of(store))
+    if app.rag is not None:
+        from ...rag.status import embedding_progress
+
+        idx = app.rag.peek_index(store)
+        built = idx is not None and idx.bm25 is not None
+        info["index"] = ("built" if idx.generation == store.generation else "stale") if built and idx else "none"
+        info["fragments"] = idx.n_fragments() if built and idx else None
+        emb = embedding_progress(app.rag, store)
+        info["embedding"] = {k: emb.get(k) for k in ("available", "embedded", "total", "skipped", "state", "eta_seconds")}
+    return info
+
+
 # ---------------------------------------------------------------------------- daemon
 
 
@@ -220,6 +254,7 @@ METHODS: list[Method[App]] = [
     Method("vault.create", vault_create, route="create"),
     Method("vault.list", vault_list, route="router"),
     Method("vault.status", vault_status, locked_ok=True, resend_safe=True),
+    Method("vault.overview", vault_overview, route="both"),
     Method("vault.unlock", vault_unlock, route="start", resend_safe=True),
     Method("vault.lock", vault_lock, route="router"),
     Method("vault.passwd", vault_passwd, route="start"),
