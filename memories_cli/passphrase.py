@@ -1,4 +1,4 @@
-"""Passphrase strength at `vault create` and `vault passwd`: a one-line warning for a weak one.
+"""Passphrases at the terminal: strength at `vault create` / `vault passwd`, tries at `vault unlock`.
 
 The estimate is zxcvbn's (dictionaries, keyboard patterns, sequences, dates, l33t), imported only
 here, when a passphrase is chosen (~20 ms): no other command pays for it. The warning says why the
@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import typer
+
+from memoriesd.errors import MemoriesError
+
+from .state import call, notice, prompt_secret
+
+#: Passphrase tries of an interactive unlock (a terminal); a passphrase from stdin or a file gets one.
+UNLOCK_TRIES = 3
 #: zxcvbn's scores run 0 (too guessable) to 4 (very unguessable); below this a warning is shown.
 GOOD_SCORE = 3
 #: zxcvbn's examples in quotes ('Sequences like "abc" or "6543"...'): left out, so that no line shows
@@ -51,4 +60,32 @@ def weakness(passphrase: str, context: list[str] | None = None) -> Weakness | No
     return Weakness(score, reason)
 
 
-__all__ = ["Weakness", "weakness", "GOOD_SCORE"]
+def checked_new(passphrase: str, context: str, interactive: bool, prompt: str) -> str:
+    """A new passphrase after its strength check: a weak one gets a one-line warning on stderr and, on
+    a terminal, a question (no: ask for another). The passphrase itself is never shown or logged."""
+    while True:
+        weak = weakness(passphrase, [context])
+        if weak is None:
+            return passphrase
+        notice(weak.line())
+        if not interactive or typer.confirm("Use this passphrase anyway?", default=False, err=True):
+            return passphrase
+        passphrase = prompt_secret(prompt, confirm=True)
+
+
+def unlock_asking(params: dict[str, Any]) -> Any:
+    """Unlock with a passphrase typed at the terminal: a wrong one is asked again, ``UNLOCK_TRIES`` in all
+    (the daemon's slow-down after failures still applies to each)."""
+    for attempt in range(UNLOCK_TRIES):
+        params["passphrase"] = prompt_secret("Passphrase: ")
+        try:
+            return call("vault.unlock", params)
+        except MemoriesError as exc:
+            left = UNLOCK_TRIES - 1 - attempt
+            if exc.code != "bad_passphrase" or not left:
+                raise
+            notice(f"wrong passphrase, try again ({left} left)")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+__all__ = ["Weakness", "weakness", "checked_new", "unlock_asking", "GOOD_SCORE", "UNLOCK_TRIES"]

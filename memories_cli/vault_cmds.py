@@ -13,6 +13,7 @@ import typer
 from memoriesd.errors import DaemonUnreachable, MemoriesError, UsageError
 
 from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit
+from .passphrase import checked_new, unlock_asking
 from .state import (
     STATE,
     call,
@@ -35,29 +36,10 @@ PassStdin = Annotated[bool, typer.Option("--passphrase-stdin", help="Read the pa
 PassFile = Annotated[Path | None, typer.Option("--passphrase-file", help="Read the passphrase from the first line of this file.")]
 
 
-#: Passphrase tries of an interactive unlock (a terminal); a passphrase from stdin or a file gets one.
-UNLOCK_TRIES = 3
-
-
 def _one_passphrase(stdin: bool, path: Path | None, *, confirm: bool) -> str:
     if stdin or path is not None:
         return read_secret_lines(stdin, path, 1)[0]
     return prompt_secret("Passphrase: ", confirm=confirm)
-
-
-def _checked_new(passphrase: str, context: str, interactive: bool, prompt: str) -> str:
-    """A new passphrase after its strength check: a weak one gets a one-line warning on stderr and, on
-    a terminal, a question (no: ask for another). The passphrase itself is never shown or logged."""
-    from .passphrase import weakness
-
-    while True:
-        weak = weakness(passphrase, [context])
-        if weak is None:
-            return passphrase
-        notice(weak.line())
-        if not interactive or typer.confirm("Use this passphrase anyway?", default=False, err=True):
-            return passphrase
-        passphrase = prompt_secret(prompt, confirm=True)
 
 
 @vault_app.command("create")
@@ -75,7 +57,7 @@ def create(
         notice("A lost passphrase means lost data: nobody can recover this vault without it.")
     pw = _one_passphrase(passphrase_stdin, passphrase_file, confirm=True)
     interactive = not (passphrase_stdin or passphrase_file)
-    pw = _checked_new(pw, name, interactive, "Passphrase: ")
+    pw = checked_new(pw, name, interactive, "Passphrase: ")
     out = call("vault.create", {"name": name, "passphrase": pw, "remember": remember, "device_only": device_only})
     for n in out.pop("notices", []):
         notice(n)
@@ -198,25 +180,10 @@ def unlock(
                 raise
             if exc.code == "keyring_unreadable":
                 notice(f"warning: {exc.message}")  # then ask, as when nothing is remembered
-            out = _unlock_asking(params)
+            out = unlock_asking(params)
     for n in out.pop("notices", []):
         notice(n)
     report(out, f"Unlocked vault {out['name']}.")
-
-
-def _unlock_asking(params: dict[str, Any]) -> Any:
-    """Unlock with a passphrase typed at the terminal: a wrong one is asked again, ``UNLOCK_TRIES`` in all
-    (the daemon's slow-down after failures still applies to each)."""
-    for attempt in range(UNLOCK_TRIES):
-        params["passphrase"] = prompt_secret("Passphrase: ")
-        try:
-            return call("vault.unlock", params)
-        except MemoriesError as exc:
-            left = UNLOCK_TRIES - 1 - attempt
-            if exc.code != "bad_passphrase" or not left:
-                raise
-            notice(f"wrong passphrase, try again ({left} left)")
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @vault_app.command("lock")
@@ -280,7 +247,7 @@ def passwd(
     else:
         old = prompt_secret("Current passphrase: ")
         new = prompt_secret("New passphrase: ", confirm=True)
-    new = _checked_new(new, vault, not (passphrase_stdin or passphrase_file), "New passphrase: ")
+    new = checked_new(new, vault, not (passphrase_stdin or passphrase_file), "New passphrase: ")
     params: dict[str, Any] = {"vault": vault, "old": old, "new": new}
     if rekey:
         params["rekey"] = True

@@ -223,7 +223,7 @@ def test_each_tool_answers_and_no_canary_ever_appears(env: Env) -> None:
     out = with_mcp(env, token, go)
     search = ok(out["search"])
     assert {r["id"] for r in search["results"]} == {w.public, w.card}
-    assert set(search["results"][0]) == {"id", "revision", "kind", "title", "score", "snippet"}
+    assert set(search["results"][0]) == {"id", "revision", "kind", "title", "score", "snippet", "source", "line", "end_line"}
     frags = ok(out["retrieve"])
     assert {r["record_id"] for r in frags["results"]} <= {w.public, w.card} and frags["results"]
     first = frags["results"][0]
