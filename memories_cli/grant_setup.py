@@ -91,7 +91,7 @@ def tell_grant(out: dict[str, Any], lead: str) -> None:
     """The lines that describe a new grant (stderr): its id, vault, scopes, expiry, and a warning for
     write scopes."""
     notice(
-        f"{lead} {out['grant_id']} for vault {out['vault_id']}: scopes {','.join(out['scopes'])}"
+        f"{lead} {out['grant_id']} for vault {out.get('vault_name') or out['vault_id']}: scopes {','.join(out['scopes'])}"
         f"{', cards only' if out['cards_only'] else ''}, expires {expiry_text(out['expires'])}."
     )
     writes = [s for s in out["scopes"] if s in WRITE_SCOPES]

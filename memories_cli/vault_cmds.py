@@ -273,7 +273,7 @@ def delete(
             notice("Nothing was deleted.")
             raise typer.Exit(1)
     out = call("vault.delete", {"vault": vault})
-    report(out, f"Deleted vault {out['deleted']}.")
+    report(out, f"Deleted vault {out.get('name') or out['deleted']}.")
     if not STATE.json:
         for n in out.get("notices", []):
             notice(f"warning: {n}")

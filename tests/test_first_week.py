@@ -251,12 +251,20 @@ def test_a_passphrase_from_stdin_gets_one_try(d: Daemon) -> None:
 # ------------------------------------------------------------------ 5. vault names in messages
 
 
-def test_grant_list_names_a_locked_vault_by_its_name(d: Daemon) -> None:
+def test_messages_name_vaults_by_their_names_not_their_ids(d: Daemon) -> None:
     vid = create_vault(d, "notes", STRONG)
+    r = run_cli(d.home, "grant", "create", vid, "--scope", "search")
+    assert r.returncode == 0 and " for vault notes: scopes search" in r.stderr and vid not in r.stderr, (
+        r.stderr
+    )
     d.call("vault.lock", {"vault": vid})
     r = run_cli(d.home, "grant", "list")
     assert r.returncode == 0, r.stderr
-    assert "vault notes is locked" in r.stderr and "memories" in r.stderr and vid not in r.stderr
+    assert "vault notes is locked" in r.stderr and "vault unlock notes" in r.stderr and vid not in r.stderr
+    r = run_cli(d.home, "memory", "search", vid, "zebra")
+    assert r.stderr.startswith("error[vault_locked]: vault notes is locked") and vid not in r.stderr
+    r = run_cli(d.home, "vault", "delete", vid, "--yes")
+    assert r.returncode == 0 and r.stderr.strip() == "Deleted vault notes.", r.stderr
 
 
 # ------------------------------------------------------------------ 7. memories status

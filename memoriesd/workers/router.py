@@ -470,7 +470,8 @@ class Router:
             if w is not None:
                 self._end(w, "delete")
             notices: list[str] = []
-            out: dict[str, Any] = {"deleted": app.vaults.delete(vault_id, notices)}
+            name = app.vaults.name_of(vault_id)  # read before its header goes
+            out: dict[str, Any] = {"deleted": app.vaults.delete(vault_id, notices), "name": name}
             if notices:
                 out["notices"] = notices  # the remembered key could not be removed from the OS keyring
             return out

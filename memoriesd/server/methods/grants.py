@@ -87,6 +87,7 @@ def grant_create(app: App, ctx: Context) -> dict[str, Any]:
         "grant_id": grant_id,
         "token": token,
         "vault_id": store.vault_id,
+        "vault_name": store.name,  # for the person's messages (names are readable while locked)
         "scopes": scopes,
         "cards_only": rec["cards_only"],
         "expires": expires,
