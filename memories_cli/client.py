@@ -25,7 +25,6 @@ from typing import Any
 from memoriesd.errors import DaemonUnreachable, MemoriesError
 from memoriesd.home import Home
 from memoriesd.server import protocol
-from memoriesd.workers.process import child_command
 from memoriesd.workers.routes import ENDING, RESEND_WHEN_ENDED, route_request
 
 _ids = itertools.count(1)
@@ -110,6 +109,8 @@ def daemon_alive(home: Home) -> bool:
 
 def start_daemon(home: Home, timeout: float = START_TIMEOUT) -> int:
     """Start memoriesd in the background for ``home``; wait until its socket answers. Returns its pid."""
+    from memoriesd.workers.process import child_command  # it imports logging: ~2 ms of every command
+
     home.ensure()
     home.check_socket_path()
     err_path = home.run / "start.err"

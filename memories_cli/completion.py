@@ -102,7 +102,10 @@ def complete(app: typer.Typer) -> None:
     """Answer the shell's completion request (``$_MEMORIES_COMPLETE`` is set) and exit."""
     from typer.completion import completion_init
 
+    from .lazy import ON_BUILD
+
     completion_init()  # typer's bash/zsh/fish classes (add_completion=False leaves them out)
+    ON_BUILD.append(attach)  # commands are built as the shell's words reach them (memories_cli/lazy.py)
     command = typer.main.get_command(app)
     attach(command)
     command.main(args=[], prog_name="memories", complete_var=COMPLETE_VAR)  # exits

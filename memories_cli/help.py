@@ -110,6 +110,10 @@ class Group(TyperGroup):
         super().__init__(*args, **kwargs)
         _label_params(self.params)
 
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The names in registration order, without building the commands (memories_cli/lazy.py)."""
+        return list(self.commands)
+
     def get_short_help_str(self, limit: int = 45) -> str:
         return first_sentence(self.short_help or self.help or "")
 

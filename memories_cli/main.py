@@ -6,31 +6,51 @@ Heavy modules (numpy, onnxruntime, jieba, tokenizers) are never imported here: s
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from memoriesd import __version__
 from memoriesd.errors import MemoriesError, UsageError
 
-from . import help as _help
-from .completion import register as _register_completion
-from .config_cmds import register as _register_config
-from .conversation_cmds import register as _register_conversations
-from .doctor import register as _register_doctor
-from .extract_cmds import register as _register_extract
-from .grant_cmds import register as _register_grants
-from .memory_cmds import memory_app
-from .rag_cmds import register as _register_rag
+from .lazy import Lazy, root_class
 from .state import STATE, fail
-from .status_cmds import register as _register_status
-from .tidy_cmds import register as _register_tidy
-from .vault_cmds import daemon_app, vault_app
+
+#: Every top-level command, in the order `memories --help` lists them (daily use first). A new command
+#: or group joins with one line: its name, its one-line summary (the first sentence of its help; a
+#: test holds them equal) and where it lives, ``"module:typer_app"`` or ``"module:register"`` (a
+#: function given the app). Nothing here is imported until its command runs (memories_cli/lazy.py).
+COMMANDS: tuple[Lazy, ...] = (
+    Lazy(
+        "status",
+        "Every vault at a glance: locked or unlocked, records, index and embedding progress, auto-lock, grants.",
+        ("memories_cli.status_cmds:register",),
+    ),
+    Lazy("vault", "Create, unlock, lock and manage encrypted vaults.", ("memories_cli.vault_cmds:vault_app",)),
+    Lazy("memory", "Keep notes, credentials and files in a vault.", (
+        "memories_cli.memory_cmds:memory_app",
+        "memories_cli.rag_cmds:register",  # memory search
+        "memories_cli.conversation_cmds:register",  # memory capture
+        "memories_cli.extract_cmds:register",  # memory extract
+        "memories_cli.tidy_cmds:register",  # memory summarize, prune
+    )),
+    Lazy("rag", "Ingest documents, search them and ask questions.", ("memories_cli.rag_cmds:register",)),
+    Lazy("grant", "Create, list and revoke grants that let AI tools reach one vault.", ("memories_cli.grant_cmds:register",)),
+    Lazy("mcp", "Serve MCP over stdio for an AI client, limited to one grant.", ("memories_cli.grant_cmds:register",)),
+    Lazy("daemon", "Start, stop, restart and inspect the memoriesd daemon.", ("memories_cli.vault_cmds:daemon_app",)),
+    Lazy("config", "The settings of config.toml: `config show` prints every option with its value and source.", (
+        "memories_cli.config_cmds:register",
+    )),
+    Lazy("doctor", "Check the set-up and print each problem with the command that fixes it.", ("memories_cli.doctor:register",)),
+    Lazy("inject", "Install the Memories skill into AI clients' skill folders.", ("memories_cli.grant_cmds:register",)),
+    Lazy("completion", "Print the shell completion script for bash, zsh or fish.", ("memories_cli.completion:register",)),
+)
 
 app = typer.Typer(
     name="memories",
     help="Memories: a local-first, encrypted personal knowledge vault. Global options: --home PATH, --json "
     "(also accepted after any command).",
+    cls=root_class(COMMANDS),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
@@ -39,30 +59,13 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.add_typer(vault_app, name="vault")
-app.add_typer(memory_app, name="memory")
-app.add_typer(daemon_app, name="daemon")
-
-# Every command group, registered explicitly: a broken import fails every command loudly instead of
-# silently dropping `rag` or `grant` ("No such command").
-_register_status(app)
-_register_rag(app)
-_register_grants(app)
-_register_conversations(app)
-_register_extract(app)
-_register_tidy(app)
-_register_doctor(app)
-_register_config(app)
-_register_completion(app)
-# Usage `VAULT QUERY`, choices shown, whole summaries, --json listed on every command (memories_cli/help.py).
-_help.apply(app)
 
 
-def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+def _click_errors() -> tuple[tuple[type[Any], ...], tuple[type[Any], ...]]:
     """Typer raises its vendored click's exceptions (and plain click's in older versions)."""
-    usage: list[type[BaseException]] = []
-    no_args: list[type[BaseException]] = []
-    for modname in ("typer._click.exceptions", "click.exceptions"):
+    usage: list[type[Any]] = []
+    no_args: list[type[Any]] = []
+    for modname in ("typer._click.exceptions", "click.exceptions"):  # typer >= 0.27 vendors click
         try:
             mod = __import__(modname, fromlist=["UsageError"])
         except ImportError:
@@ -71,6 +74,7 @@ def _click_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExc
         for name in ("NoArgsIsHelpError", "NoArgsIsHelp"):
             if hasattr(mod, name):
                 no_args.append(getattr(mod, name))
+        break  # the vendored click is the only one typer raises (importing click too: ~6 ms)
     return tuple(usage), tuple(no_args)
 
 

@@ -6,6 +6,8 @@ The real CLI in a subprocess, as a person runs it (help needs no daemon).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from memories_cli.help import first_sentence
 
-from .conftest import run_cli, short_tmpdir
+from .conftest import REPO, run_cli, short_tmpdir
 
 PLAIN = {"COLUMNS": "80"}  # the width a pipe gets from click
 
@@ -76,3 +78,41 @@ def test_the_summary_is_the_whole_first_sentence() -> None:
     assert first_sentence("Search fragments, best first.\n\nMore here.") == "Search fragments, best first."
     assert first_sentence("Use e.g. a name. Then more.") == "Use e.g. a name."
     assert first_sentence("Labels [S1], [S2]... and so on") == "Labels [S1], [S2]... and so on"
+
+
+def test_every_top_level_command_loads_and_its_listed_summary_is_its_own() -> None:
+    """`memories --help` shows the table's summaries without importing the commands: they must stay true."""
+    from memories_cli.help import first_sentence as summary_of
+    from memories_cli.lazy import load_all
+    from memories_cli.main import COMMANDS
+
+    built = load_all(COMMANDS)
+    for entry in COMMANDS:
+        command = built[entry.name]
+        assert command.name == entry.name
+        assert entry.summary == summary_of(command.short_help or command.help or ""), entry.name
+    assert len({e.name for e in COMMANDS}) == len(COMMANDS)
+
+
+def test_help_lists_daily_commands_first_and_imports_no_command_module(home: Path) -> None:
+    listing = _help(home).split("Commands:", 1)[1]
+    names = re.findall(r"^  (\S+)", listing, re.M)
+    assert names[:3] == ["vault", "memory", "rag"], names
+    assert names.index("rag") < names.index("doctor") < names.index("completion"), names
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m.endswith('_cmds')), file=sys.stderr))\n"
+        "from memories_cli.main import run\nrun()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+    assert r.returncode == 0 and r.stderr.strip() == "[]", r.stderr
+
+
+def test_a_command_builds_only_its_own_group(home: Path) -> None:
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m.endswith('_cmds')), file=sys.stderr))\n"
+        "from memories_cli.main import run\nrun()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, "vault", "--help"], capture_output=True, text=True, cwd=str(REPO), timeout=60)
+    assert r.returncode == 0 and r.stderr.strip() == "['memories_cli.vault_cmds']", r.stderr
