@@ -6,7 +6,8 @@ its text rendering) and hands it to :func:`emit`:
 - ``text``: for people (``memories_cli.render``): blocks, tables, summaries; notices on stderr;
 - ``json``: the documented JSON document (``--json`` is its short form);
 - ``jsonl``: one JSON object per item and line, for streaming;
-- ``csv``: a header row, then one row per item (stdlib :mod:`csv`; lists joined with ``;``, objects as JSON);
+- ``csv``: a header row, then one row per item (stdlib :mod:`csv`; lists joined with ``;``, objects as JSON,
+  times as ISO 8601 with the local offset, ``2026-03-01T14:05:09+01:00``);
 - ``md``: a Markdown list, files as links;
 - ``files``: the distinct source files of the items, one absolute path per line, best first (for
   ``xargs``, editors, ``fzf``); items without a file are left out.
@@ -107,13 +108,29 @@ def csv_cell(value: Any) -> str:
     return str(value)
 
 
+#: Columns that hold a time (seconds since the epoch in JSON): ISO 8601 in CSV.
+DATE_COLUMNS = frozenset({"created", "updated", "expires", "last_used", "last_recall"})
+
+
+def iso_time(ts: float) -> str:
+    """``2026-03-01T14:05:09+01:00``: local time with its offset, to the second (spreadsheets read it)."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+
+
 def write_csv(items: list[dict[str, Any]], columns: Sequence[str]) -> None:
     import csv
 
     w = csv.writer(sys.stdout, lineterminator="\n")
     w.writerow(columns)
     for item in items:
-        w.writerow([csv_cell(item.get(c)) for c in columns])
+        row = []
+        for c in columns:
+            v = item.get(c)
+            dated = c in DATE_COLUMNS and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            row.append(iso_time(float(v)) if dated else csv_cell(v))  # type: ignore[arg-type]
+        w.writerow(row)
 
 
 def source_files(items: list[dict[str, Any]]) -> list[str]:

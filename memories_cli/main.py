@@ -138,6 +138,8 @@ def run(argv: list[str] | None = None) -> None:
         sys.stderr.write("error[aborted]: interrupted\n")
         sys.exit(130)
     except typer.Exit as exc:
+        if exc.exit_code == 130 and isinstance(exc.__cause__, KeyboardInterrupt):  # typer's silent Ctrl-C
+            sys.stderr.write("error[aborted]: interrupted\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("error[aborted]: interrupted\n")

@@ -237,18 +237,23 @@ def list_(
         if records:
             table(
                 ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
-                [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), r["title"], ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
+                [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), _shown_title(r), ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
             )
         notice(shown)
 
     emit(fmt, Listing(
         document=out,
         items=records,
-        columns=("id", "revision", "kind", "title", "tags", "private", "updated", "source"),
+        columns=("id", "revision", "kind", "title", "tags", "private", "updated", "source", "text"),
         text=text,
-        md_item=lambda r: md_item(r, extra=f"{r['kind']}, revision {r['revision']}" + (", private" if r["private"] else "") + "".join(f" #{t}" for t in r["tags"])),
+        md_item=lambda r: md_item(r | {"title": _shown_title(r)}, extra=f"{r['kind']}, revision {r['revision']}" + (", private" if r["private"] else "") + "".join(f" #{t}" for t in r["tags"])),
         notices=[shown] if fmt != "json" else [],
     ))
+
+
+def _shown_title(record: dict[str, Any]) -> str:
+    """What names a record in a listing: its title, else a fact's text (facts have no title)."""
+    return str(record.get("title") or record.get("text") or "")
 
 
 def page_line(shown: int, total: int, offset: int, noun: str) -> str:

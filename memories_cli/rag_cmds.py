@@ -5,12 +5,10 @@ Search, ask and context packs are in :mod:`memories_cli.search_cmds` (registered
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,63 +18,11 @@ from memoriesd.errors import MemoriesError, UsageError
 from memoriesd.text.humanize import duration
 
 from . import search_cmds
+from .progress import Progress, ProgressOpt, interruptible
 from .render import home_short, mib, percent, print_summary
 from .state import STATE, call, cli_command, emit_json, fmt_time, notice, report, safe_text
 
 rag_app = typer.Typer(help="Ingest documents, search them and ask questions.\n\nAlso keeps folders in sync (watch), embeds fragments (index) and builds context packs for assistants.", no_args_is_help=True, rich_markup_mode=None)
-
-
-class Progress:
-    """A rich progress bar with ETA on a terminal; otherwise one JSON object per line on stderr
-    (``{"progress": "embed", "done": 120, "total": 14747, "eta_seconds": 3400.0}``), at most every 2 s."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.tty = sys.stderr.isatty()
-        self._bar: Any = None
-        self._tasks: dict[str, Any] = {}
-        self._last_line = 0.0
-        self._last: tuple[str, int] = ("", -1)
-
-    def __enter__(self) -> Progress:
-        if self.tty:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-
-            self._bar = RichProgress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=False
-            )
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def update(self, name: str, done: int, total: int, eta_seconds: float | None = None) -> None:
-        if self._bar is not None:
-            task = self._tasks.get(name)
-            if task is None:
-                task = self._tasks[name] = self._bar.add_task(name, total=total)
-            self._bar.update(task, completed=done, total=total)
-            return
-        now = time.monotonic()
-        if (now - self._last_line >= 2.0 or done >= total) and (name, done) != self._last:
-            self._last_line = now
-            self._last = (name, done)
-            line: dict[str, Any] = {"progress": name, "done": done, "total": total}
-            if eta_seconds is not None:
-                line["eta_seconds"] = eta_seconds
-            sys.stderr.write(json.dumps(line, ensure_ascii=False) + "\n")
-
-
-def _progress_cm(label: str) -> AbstractContextManager[Any]:
-    return Progress(label) if not STATE.json else nullcontext(None)
 
 
 @rag_app.command(
@@ -96,6 +42,7 @@ def ingest(
     recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Walk directories for *.md, *.markdown, *.txt (hidden ones skipped).")] = False,
     private: Annotated[bool, typer.Option("--private", help="Keep the cards private: never indexed, searched or sent.")] = False,
     prune: Annotated[bool, typer.Option("--prune", help="With a directory: remove cards whose source file under it no longer exists.")] = False,
+    progress: ProgressOpt = "auto",
 ) -> None:
     """Ingest Markdown and text files as encrypted knowledge cards.
 
@@ -117,10 +64,10 @@ def ingest(
         raise UsageError("- (stdin) cannot be mixed with paths")
     else:
         params["paths"] = [_ingest_path(p) for p in paths]
-    with _progress_cm("ingest") as bar:
+    with Progress("ingest", progress) as bar, interruptible(INGEST_INTERRUPTED, bar):
 
         def on_progress(p: dict[str, Any]) -> None:
-            if bar is not None and "total" in p:
+            if "total" in p:
                 bar.update("ingest", int(p["done"]), int(p["total"]))
 
         out = call("rag.ingest", params, progress=on_progress)
@@ -136,6 +83,18 @@ def ingest(
     report(out, f"added {out['added']:,}, updated {out['updated']:,}, unchanged {out['unchanged']:,}{moved}, refused {len(out['refused']):,}" + (f", pruned {out['pruned']:,}" if prune else ""))
     if out["refused"]:
         raise typer.Exit(1)
+
+
+#: What Ctrl-C leaves of an ingest: the daemon stops at its next file; what it stored is kept.
+INGEST_INTERRUPTED = (
+    "the daemon stops at its next file and keeps those stored; run the same command again to finish "
+    "(unchanged files are skipped)"
+)
+#: What Ctrl-C leaves of `rag index`: embedded batches are kept; the background indexer goes on.
+INDEX_INTERRUPTED = (
+    "fragments embedded so far are kept; with [index] background on (the default with a local model) the daemon "
+    "goes on embedding: `memories rag status {vault}` shows where it is"
+)
 
 
 def _outside_links(n: int) -> str:
@@ -329,7 +288,7 @@ MAX_IDLE_CHANGES = 20
 
 
 @rag_app.command("index")
-def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> None:
+def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")], progress: ProgressOpt = "auto") -> None:
     """Embed every fragment that has no vector yet.
 
     Repeats budgeted passes until done, also across vault changes. Ends with one line: fragments
@@ -337,19 +296,17 @@ def index(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> No
     """
     embedded_total = 0
     started = time.monotonic()
-    with _progress_cm("embed") as bar:
+    with Progress("embed", progress) as bar, interruptible(INDEX_INTERRUPTED.format(vault=vault), bar):
 
         def on_progress(p: dict[str, Any]) -> None:
-            if bar is not None:
-                eta = p.get("eta_seconds")
-                bar.update("embed", int(p["done"]), int(p["total"]), None if eta is None else float(eta))
+            eta = p.get("eta_seconds")
+            bar.update("embed", int(p["done"]), int(p["total"]), None if eta is None else float(eta))
 
         idle_changes = 0
         while True:
             out = call("rag.index", {"vault": vault}, progress=on_progress)
             embedded_total += out["embedded"]
-            if bar is not None:
-                bar.update("embed", out["total"] - out["remaining"], out["total"])
+            bar.update("embed", out["total"] - out["remaining"], out["total"])
             if out.get("changed"):
                 # The vault changed during the pass (e.g. an ingest running beside us): go on with the new
                 # content, unless it keeps changing faster than one batch can be embedded.
@@ -395,6 +352,7 @@ rag_app.command("context")(search_cmds.context)
 @rag_app.command("model-install")
 def model_install(
     dir_: Annotated[Path | None, typer.Option("--dir", help="Install here instead of HOME/models/embeddinggemma.")] = None,
+    progress: ProgressOpt = "auto",
 ) -> None:
     """Download the pinned EmbeddingGemma-300M model.
 
@@ -403,15 +361,14 @@ def model_install(
     params: dict[str, Any] = {}
     if dir_ is not None:
         params["dir"] = str(dir_.expanduser().absolute())
-    with _progress_cm("download") as bar:
+    interrupted = "files verified so far are kept; run the same command again to go on"
+    with Progress("download", progress) as bar, interruptible(interrupted, bar):
 
         def on_progress(p: dict[str, Any]) -> None:
-            if bar is None:
-                return
             if "total" in p and "done" in p:
                 bar.update(p["file"], int(p["done"]), int(p["total"]))
-            elif p.get("status") and not bar.tty:
-                sys.stderr.write(f"{p['file']}: {p['status']}\n")
+            elif p.get("status"):
+                bar.status(f"{p['file']}: {p['status']}")
 
         out = call("rag.model_install", params, progress=on_progress)
     if STATE.json:

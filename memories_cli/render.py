@@ -156,6 +156,51 @@ def join_wrapped(pieces: Sequence[str], room: int, sep: str = " \u00b7 ") -> lis
     return [part for line in lines for part in (wrap(line, room) if cells(line) > room else [line])]
 
 
+# ------------------------------------------------------------------------------ markdown for display
+
+_MD_LINE_DROP = (
+    r"^ {0,3}(?:`{3,}|~{3,}).*$"  # a code fence (its code stays)
+    r"|^ {0,3}(?:=+|-+|\*(?: *\*){2,}|_(?: *_){2,})[ \t]*$"  # a setext underline or a thematic break
+    r"|^ {0,3}\|?(?: *:?-+:? *\|)+ *:?-*:? *\|? *$"  # a table's alignment row
+)
+
+
+@functools.cache
+def _md_patterns() -> tuple[re.Pattern[str], ...]:
+    return (
+        re.compile(_MD_LINE_DROP, re.M),
+        re.compile(r"^ {0,3}(?:>[ \t]?)+", re.M),  # blockquote marks
+        re.compile(r"^ {0,3}#{1,6}(?:[ \t]+|$)|[ \t]+#+[ \t]*$", re.M),  # ATX heading marks
+        re.compile(r"!?\[([^\]\n]*)\](?:\([^)\n]*\)|\[[^\]\n]*\])"),  # [text](url), ![alt](src), [text][ref]
+        re.compile(r"<((?:https?|mailto):[^>\s]+)>"),  # <https://...>
+        re.compile(r"(\*\*|__|~~)(?=\S)(.+?)(?<=\S)\1"),  # **strong**, __strong__, ~~struck~~
+        re.compile(r"(?<![\w*])\*(?=[^\s*])([^*\n]+?)(?<=\S)\*(?![\w*])|(?<![\w_])_(?=\S)([^_\n]+?)(?<=\S)_(?!\w)"),
+        re.compile(r"(`+)(.+?)\1"),  # `code`
+    )
+
+
+def plain(text: str) -> str:
+    """Markdown shown as the text it renders to: no ``#``/``===``/fence/quote marks, links as their
+    text, no emphasis or code marks. Line breaks are kept (a dropped line stays as an empty one), so
+    line numbers counted in the result still point into the file. For display only: ``--json`` and
+    the machine formats keep the text as stored.
+
+    Not a Markdown parser: markdown-it-py (installed with rich) costs more to import than typer,
+    which would undo the CLI's start-up budget on every search (bench/bench_startup.py).
+    """
+    if not any(ch in text for ch in "#=-`~>[*_<|"):
+        return text
+    drop, quote, heading, link, auto, strong, emph, code = _md_patterns()
+    text = drop.sub("", text)
+    text = quote.sub("", text)
+    text = heading.sub("", text)
+    text = link.sub(r"\1", text)
+    text = auto.sub(r"\1", text)
+    text = strong.sub(r"\2", text)
+    text = emph.sub(lambda m: m.group(1) or m.group(2) or "", text)
+    return code.sub(r"\2", text)
+
+
 def query_terms(query: str) -> list[str]:
     """The words of a query worth highlighting (no stop words; CJK runs as they are and as pairs)."""
     folded = query.casefold()
@@ -271,8 +316,8 @@ def print_results(results: Iterable[Result], query: str, *, verbose: bool = Fals
             out.write("\n")
         head = st.label(r.label) + " " + (st.score(r.score) + "  " if r.score else " ")
         head_cells = cells(r.label) + 1 + (cells(r.score) + 2 if r.score else 1)
-        out.write(head + st.title(cut(safe_text(r.title) or "(untitled)", room - head_cells)) + "\n")
-        snip = snippet(safe_text(r.text, multiline=True), pattern, room - len(INDENT)) if r.text else None
+        out.write(head + st.title(cut(safe_text(plain(r.title)) or "(untitled)", room - head_cells)) + "\n")
+        snip = snippet(safe_text(plain(r.text), multiline=True), pattern, room - len(INDENT)) if r.text else None
         line = r.line + snip.line_offset if r.line and snip is not None else r.line
         where = location(r.source, line) if r.source else (f"record {r.record}" if r.record else "")
         if where:
@@ -325,6 +370,7 @@ __all__ = [
     "cut",
     "home_short",
     "location",
+    "plain",
     "print_results",
     "print_summary",
     "query_terms",

@@ -112,13 +112,30 @@ def console() -> Any:
     return Console(highlight=False, soft_wrap=False, no_color=not color, color_system="auto" if color else None)
 
 
+#: Table columns of free text (titles, snippets, labels): the only ones a table cuts or wraps. Ids,
+#: paths, scopes, kinds, numbers and dates are always whole, on one line.
+FREE_TEXT_COLUMNS = frozenset({"TITLE", "TEXT", "LABEL", "SNIPPET", "MATCH", "SUMMARY", "DESCRIPTION"})
+#: The narrowest a free-text column is cut to in a pipe before the line grows past the width.
+FREE_TEXT_MIN = 16
+
+
 def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
-    """A table: boxed on a terminal, plain aligned columns in a pipe (no box drawing)."""
+    """A table: boxed on a terminal, plain aligned columns in a pipe (no box drawing).
+
+    Only :data:`FREE_TEXT_COLUMNS` give way to the width: wrapped on a terminal; in a pipe cut to
+    one line with "…" (one row per line, for grep and cut), the line longer than the width
+    rather than an id broken in two.
+    """
+    cells = [["" if v is None else safe_text(str(v), multiline=True) for v in r] for r in rows]
+    if not sys.stdout.isatty():
+        _plain_table(columns, cells, title)
+        return
     from rich import box
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
-    boxed = sys.stdout.isatty() and STATE.color != "never"
+    boxed = STATE.color != "never"
     t = Table(
         title=Text(safe_text(title)) if title else None,
         show_lines=False,
@@ -127,11 +144,42 @@ def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -
         pad_edge=boxed,
         header_style="bold" if boxed else "",
     )
-    for c in columns:
-        t.add_column(Text(c), overflow="fold")
-    for r in rows:  # Text(): user data is never read as rich markup; safe_text: nor as terminal controls
-        t.add_row(*[Text("" if v is None else safe_text(str(v), multiline=True)) for v in r])
+    for i, c in enumerate(columns):
+        if c in FREE_TEXT_COLUMNS:
+            t.add_column(Text(c), overflow="fold")
+        else:
+            natural = max([cell_len(c)] + [cell_len(line) for r in cells for line in r[i].splitlines() or [""]])
+            t.add_column(Text(c), no_wrap=True, min_width=natural)
+    for r in cells:  # Text(): user data is never read as rich markup; safe_text: nor as terminal controls
+        t.add_row(*[Text(v) for v in r])
     console().print(t)
+
+
+def _plain_table(columns: list[str], cells: list[list[str]], title: str | None) -> None:
+    """Aligned columns for a pipe: every row on one line, only free text cut to fit the width."""
+    import shutil
+
+    from rich.cells import cell_len, set_cell_size
+
+    flat = [[" ".join(v.split()) for v in r] for r in cells]
+    widths = [max([cell_len(c)] + [cell_len(r[i]) for r in flat]) for i, c in enumerate(columns)]
+    room = max(40, shutil.get_terminal_size((100, 24)).columns) - 2 * (len(columns) - 1)
+    free = sorted((i for i, c in enumerate(columns) if c in FREE_TEXT_COLUMNS), key=lambda i: -widths[i])
+    for i in free:  # the widest free column gives way first, never under FREE_TEXT_MIN
+        excess = sum(widths) - room
+        if excess <= 0:
+            break
+        widths[i] = max(min(widths[i], FREE_TEXT_MIN), widths[i] - excess)
+    out = sys.stdout
+    if title:
+        out.write(safe_text(title) + "\n")
+    for r in [columns, *flat]:
+        parts = []
+        for i, v in enumerate(r):
+            if cell_len(v) > widths[i]:
+                v = str(set_cell_size(v, widths[i] - 1)).rstrip() + "\u2026"
+            parts.append(v if i == len(r) - 1 else v + " " * (widths[i] - cell_len(v)))
+        out.write("  ".join(parts).rstrip() + "\n")
 
 
 def fail(exc: MemoriesError) -> None:

@@ -137,11 +137,11 @@ def test_background_index_off_keeps_the_foreground_behaviour(tmp_path: Path) -> 
         assert out["embedded"] == 1
 
 
-def test_rag_index_off_a_terminal_writes_json_progress_lines(tmp_path: Path) -> None:
+def test_rag_index_with_progress_json_writes_json_progress_lines(tmp_path: Path) -> None:
     import json
 
     with _minilm_vault(tmp_path, 120) as (d, vid):
-        r = run_cli(d.home, "rag", "index", vid)
+        r = run_cli(d.home, "rag", "index", vid, "--progress", "json")
         assert r.returncode == 0, r.stderr
         lines = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
         assert lines and all(x["progress"] == "embed" and x["done"] <= x["total"] for x in lines)

@@ -189,3 +189,104 @@ def test_home_from_environment_variable(tmp_path: Path) -> None:
         assert (home / "run" / "memoriesd.sock").exists()
     finally:
         subprocess.run([sys.executable, "-m", "memories_cli.main", "daemon", "stop"], env=env, cwd=REPO, capture_output=True, timeout=60)
+
+
+# -------------------------------------------------------------------- daily-use display (issue 29, 7)
+
+MARKDOWN_NOTE = """Compost guide
+=============
+
+## Turning the heap ##
+
+Turn the **compost heap** every _two weeks_; see [the soil notes](soil.md) and `pH 6.5`.
+
+```sh
+echo compost
+```
+"""
+
+
+def test_piped_tables_keep_ids_and_scope_lists_whole_and_cut_only_free_text(daemon: Daemon, vault: str) -> None:
+    label = "the assistant on the laptop in the kitchen, for recipes and the garden"
+    gid = cli_json(daemon.home, "grant", "create", vault, "--label", label, "--scope", "search,read,context")["grant_id"]
+    r = run_cli(daemon.home, "grant", "list", env={"COLUMNS": "60"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout  # the header and one row: nothing wrapped onto a second line
+    row = lines[1].split()
+    assert row[0] == gid and row[1] == vault, r.stdout
+    assert any(set(part.split(",")) == {"search", "read", "context"} for part in row), r.stdout
+    assert "\u2026" in lines[1] and label not in r.stdout  # the label (free text) is what gives way
+
+
+def test_memory_list_shows_a_fact_by_its_text_and_csv_dates_are_iso_8601(daemon: Daemon, vault: str) -> None:
+    import csv
+    import datetime as dt
+    import io
+
+    fact = "The user prefers zsh over bash"
+    cli_json(daemon.home, "memory", "remember", vault, fact)
+    r = run_cli(daemon.home, "memory", "list", vault)
+    assert r.returncode == 0, r.stderr
+    assert fact in r.stdout, r.stdout
+    listed = cli_json(daemon.home, "memory", "list", vault)["records"]
+    assert [x["text"] for x in listed if x["kind"] == "fact"] == [fact]
+    rows = list(csv.DictReader(io.StringIO(run_cli(daemon.home, "memory", "list", vault, "--format", "csv").stdout)))
+    when = dt.datetime.fromisoformat(rows[0]["updated"])
+    assert when.tzinfo is not None and abs(when.timestamp() - listed[0]["updated"]) < 1, rows[0]
+    assert rows[0]["text"] == fact
+
+
+def test_search_shows_markdown_as_text_while_json_keeps_the_stored_text(daemon: Daemon, vault: str, tmp_path: Path) -> None:
+    (tmp_path / "compost.md").write_text(MARKDOWN_NOTE)
+    assert run_cli(daemon.home, "rag", "ingest", vault, str(tmp_path / "compost.md")).returncode == 0
+    r = run_cli(daemon.home, "rag", "search", vault, "compost heap weeks", "--mode", "bm25")
+    assert r.returncode == 0, r.stderr
+    assert "Turn the compost heap every two weeks; see the soil notes and pH 6.5" in " ".join(r.stdout.split()), r.stdout
+    for mark in ("===", "##", "**", "](", "```", "`pH"):
+        assert mark not in r.stdout, (mark, r.stdout)
+    found = cli_json(daemon.home, "rag", "search", vault, "compost heap weeks", "--mode", "bm25")["results"]
+    assert any("**compost heap**" in x["text"] for x in found), found
+
+
+def test_scripted_ingest_writes_progress_lines_only_when_asked(daemon: Daemon, vault: str, tmp_path: Path) -> None:
+    for i in range(120):
+        (tmp_path / f"n{i:03d}.md").write_text(f"# Note {i}\n\nabout item {i}\n")
+    quiet = run_cli(daemon.home, "rag", "ingest", vault, str(tmp_path), "-r")
+    assert quiet.returncode == 0 and quiet.stderr.splitlines() == ["added 120, updated 0, unchanged 0, refused 0"], quiet.stderr
+    for i in range(120):
+        (tmp_path / f"n{i:03d}.md").write_text(f"# Note {i}\n\nabout item {i}, revised\n")
+    asked = run_cli(daemon.home, "rag", "ingest", vault, str(tmp_path), "-r", "--progress", "json")
+    lines = [json.loads(x) for x in asked.stderr.splitlines() if x.startswith("{")]
+    assert asked.returncode == 0 and lines and lines[-1] == {"progress": "ingest", "done": 120, "total": 120}, asked.stderr
+
+
+def test_ctrl_c_during_ingest_says_what_became_of_the_work_and_exits_130(daemon: Daemon, vault: str, tmp_path: Path) -> None:
+    import signal
+
+    for i in range(3000):
+        (tmp_path / f"n{i:04d}.md").write_text(f"# Note {i}\n\n" + f"words about item {i} " * 100)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memories_cli.main", "--home", str(daemon.home), "rag", "ingest", vault, str(tmp_path), "-r", "--progress", "json"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # the first progress line: the ingest is under way
+    assert first.startswith('{"progress": "ingest"'), first
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted: the daemon stops at its next file"), err
+    assert "Traceback" not in err
+
+
+def test_markdown_marks_are_dropped_for_display_and_line_breaks_kept() -> None:
+    from memories_cli.render import plain
+
+    shown = plain(MARKDOWN_NOTE)
+    assert shown.count("\n") == MARKDOWN_NOTE.count("\n")  # line numbers still point into the file
+    assert "Compost guide" in shown and "Turning the heap" in shown and "echo compost" in shown
+    assert "Turn the compost heap every two weeks; see the soil notes and pH 6.5." in shown
+    for mark in ("===", "#", "**", "_two", "](", "`"):
+        assert mark not in shown, mark
+    assert plain("snake_case_name and 2*3*4") == "snake_case_name and 2*3*4"

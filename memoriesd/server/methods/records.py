@@ -174,7 +174,11 @@ def memory_list(app: App, ctx: Context) -> dict[str, Any]:
     recs.sort(key=lambda r: (-r.updated, r.id))
     page = recs[offset:] if limit is None else recs[offset : offset + limit]
     # ``source``: a card's file (absolute path), as search results name it; None for other records.
-    records = [r.summary() | {"source": r.meta.get("source") or r.meta.get("path") or None} for r in page]
+    # ``text``: a fact's text (a fact has no title: it is listed by its text, as its history is).
+    records = [
+        r.summary() | {"source": r.meta.get("source") or r.meta.get("path") or None} | ({"text": r.body} if r.kind == "fact" else {})
+        for r in page
+    ]
     return {"records": records, "total": len(recs), "offset": offset, "limit": limit}
 
 
