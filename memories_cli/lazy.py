@@ -38,7 +38,7 @@ class Lazy:
 
     ``targets`` are ``"module:attribute"``: a ``typer.Typer`` (added as the group ``name``) or a
     ``register(app)`` function that registers ``name`` (and may add sub-commands to another
-    module's group, as `rag_cmds.register` adds `memory search`). ``summary`` is what
+    module's group, as `rag_cmds.register_memory_search` adds `memory search`). ``summary`` is what
     `memories --help` shows without importing anything; a test holds it to the command's own.
     """
 

@@ -29,12 +29,12 @@ COMMANDS: tuple[Lazy, ...] = (
     Lazy("vault", "Create, unlock, lock and manage encrypted vaults.", ("memories_cli.vault_cmds:vault_app",)),
     Lazy("memory", "Keep notes, credentials and files in a vault.", (
         "memories_cli.memory_cmds:memory_app",
-        "memories_cli.rag_cmds:register",  # memory search
+        "memories_cli.rag_cmds:register_memory_search",
         "memories_cli.conversation_cmds:register",  # memory capture
         "memories_cli.extract_cmds:register",  # memory extract
         "memories_cli.tidy_cmds:register",  # memory summarize, prune
     )),
-    Lazy("rag", "Ingest documents, search them and ask questions.", ("memories_cli.rag_cmds:register",)),
+    Lazy("rag", "Ingest documents, search them and ask questions.", ("memories_cli.rag_cmds:register_rag",)),
     Lazy("grant", "Create, list and revoke grants that let AI tools reach one vault.", ("memories_cli.grant_cmds:register",)),
     Lazy("mcp", "Serve MCP over stdio for an AI client, limited to one grant.", ("memories_cli.grant_cmds:register",)),
     Lazy("daemon", "Start, stop, restart and inspect the memoriesd daemon.", ("memories_cli.vault_cmds:daemon_app",)),

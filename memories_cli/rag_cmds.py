@@ -379,11 +379,16 @@ def model_install(
         notice(out["notice"])
 
 
-def register(app: typer.Typer) -> None:
+def register_memory_search(app: typer.Typer) -> None:
+    """`memory search` in the `memory` group (`memories rag ...` alone does not import memory_cmds)."""
     from .memory_cmds import memory_app
 
     memory_app.command("search", epilog=search_cmds.MEMORY_SEARCH_EPILOG)(search_cmds.memory_search)
+
+
+def register_rag(app: typer.Typer) -> None:
+    """`memories rag` alone (memories_cli/main.py imports each group when it runs)."""
     app.add_typer(rag_app, name="rag")
 
 
-__all__ = ["register", "Callable"]
+__all__ = ["register_memory_search", "register_rag", "Callable"]

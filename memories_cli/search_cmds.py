@@ -2,7 +2,7 @@
 
 Each builds a :class:`memories_cli.formats.Listing` from the daemon's reply; the formats and the
 text layout (result blocks) live in :mod:`memories_cli.formats` and :mod:`memories_cli.render`.
-The commands are registered on the `rag` and `memory` groups by :func:`memories_cli.rag_cmds.register`.
+The commands are registered on the `rag` and `memory` groups by :mod:`memories_cli.rag_cmds`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ _._custom_shell_complete  # click: the completion class a shell name maps to (me
 _.__doc__  # Typer's help text, assigned after the command is built (conversation_cmds, extract_cmds)
 _.collect_usage_pieces  # click.Command override (memories_cli/help.py)
 _.get_short_help_str  # click.Command / click.Group overrides (memories_cli/help.py)
+_.format_commands  # click.Group override: `memories --help` from the command table (memories_cli/lazy.py)
 _.encode_special_tokens  # tokenizers.Tokenizer setting (memoriesd/embed/local.py)
 _.intra_op_num_threads  # onnxruntime.SessionOptions settings (memoriesd/embed/local.py)
 _.inter_op_num_threads
@@ -22,6 +23,7 @@ _.on_any_event  # watchdog.events.FileSystemEventHandler override (memoriesd/wat
 # Seams the tests and benchmarks use: part of each module's interface, not reached by the product itself.
 _.total_bytes  # ModelManifest: tests/test_model_install.py
 installed_files_match  # embed/install.py: tests/test_model_install.py
+load_all  # memories_cli/lazy.py: tests/test_help.py loads every command of the table
 fixed_batches  # embed/local.py: the naive plan bench/bench_embed.py compares against
 _.token_ids  # LocalEmbedder: tests/test_robust_tokens.py, tests/test_embed_local.py
 _.snapshot_info  # index/caches.py: tests/test_vector_stream.py
