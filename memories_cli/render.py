@@ -13,7 +13,7 @@ Ids, revisions, fingerprints and byte ranges are added with ``--verbose``. Colou
 a terminal only: never into a pipe, never with ``NO_COLOR`` set, unless ``--color always``. Every
 piece of user data passes :func:`memories_cli.state.safe_text` before any style is added, so a
 title can never drive the terminal. Nothing heavy is imported here (start-up time): ``rich.cells``
-only when something is measured.
+only when non-ASCII text is measured.
 """
 
 from __future__ import annotations
@@ -60,7 +60,20 @@ def width() -> int:
     return max(40, shutil.get_terminal_size((PIPED_COLUMNS, 24)).columns)
 
 
+#: Punctuation our own output adds (…, ·, dashes, quotes): one cell each, like Latin letters.
+_NARROW = frozenset("\u2026\u00b7\u2013\u2014\u2018\u2019\u201c\u201d")
+
+
+def _narrow(text: str) -> bool:
+    """Every character takes one cell: ASCII, Latin letters (below U+0300) and :data:`_NARROW`."""
+    return text.isascii() or all(ord(c) < 0x300 or c in _NARROW for c in text)
+
+
 def cells(text: str) -> int:
+    """Terminal cells ``text`` takes: one a character for Latin text (no import), else rich's tables
+    (wide CJK characters count two; loading them costs a few ms of start-up)."""
+    if _narrow(text):
+        return len(text)
     from rich.cells import cell_len
 
     return int(cell_len(text))
@@ -105,6 +118,8 @@ def cut(text: str, room: int) -> str:
     """``text`` in at most ``room`` cells, cut with "…" when longer (wide CJK characters count two)."""
     if cells(text) <= room:
         return text
+    if _narrow(text):
+        return text[: max(0, room - 1)].rstrip() + "\u2026"
     from rich.cells import set_cell_size
 
     return str(set_cell_size(text, max(0, room - 1))).rstrip() + "\u2026"

@@ -122,20 +122,26 @@ FREE_TEXT_MIN = 16
 def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -> None:
     """A table: boxed on a terminal, plain aligned columns in a pipe (no box drawing).
 
-    Only :data:`FREE_TEXT_COLUMNS` give way to the width: wrapped on a terminal; in a pipe cut to
-    one line with "…" (one row per line, for grep and cut), the line longer than the width
-    rather than an id broken in two.
+    Only :data:`FREE_TEXT_COLUMNS` give way to the width: wrapped on a terminal; in a pipe (or a
+    terminal too narrow for the other columns whole) cut to one line with "…" (one row per line,
+    for grep and cut), the line longer than the width rather than an id broken in two.
     """
+    import shutil
+
+    from rich.cells import cell_len
+
     cells = [["" if v is None else safe_text(str(v), multiline=True) for v in r] for r in rows]
-    if not sys.stdout.isatty():
+    natural = [max([cell_len(c)] + [cell_len(line) for r in cells for line in r[i].splitlines() or [""]]) for i, c in enumerate(columns)]
+    boxed = STATE.color != "never"
+    least = sum(min(w, FREE_TEXT_MIN) if c in FREE_TEXT_COLUMNS else w for c, w in zip(columns, natural, strict=True))
+    least += 3 * len(columns) + 1 if boxed else 2 * (len(columns) - 1)
+    if not sys.stdout.isatty() or least > shutil.get_terminal_size().columns:  # no room for a box: one line a row
         _plain_table(columns, cells, title)
         return
     from rich import box
-    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
-    boxed = STATE.color != "never"
     t = Table(
         title=Text(safe_text(title)) if title else None,
         show_lines=False,
@@ -144,19 +150,18 @@ def table(columns: list[str], rows: list[list[Any]], title: str | None = None) -
         pad_edge=boxed,
         header_style="bold" if boxed else "",
     )
-    for i, c in enumerate(columns):
+    for c, w in zip(columns, natural, strict=True):
         if c in FREE_TEXT_COLUMNS:
-            t.add_column(Text(c), overflow="fold")
+            t.add_column(Text(c), overflow="fold", min_width=min(w, FREE_TEXT_MIN))
         else:
-            natural = max([cell_len(c)] + [cell_len(line) for r in cells for line in r[i].splitlines() or [""]])
-            t.add_column(Text(c), no_wrap=True, min_width=natural)
+            t.add_column(Text(c), no_wrap=True, min_width=w)
     for r in cells:  # Text(): user data is never read as rich markup; safe_text: nor as terminal controls
         t.add_row(*[Text(v) for v in r])
     console().print(t)
 
 
 def _plain_table(columns: list[str], cells: list[list[str]], title: str | None) -> None:
-    """Aligned columns for a pipe: every row on one line, only free text cut to fit the width."""
+    """Aligned columns (a pipe, a narrow terminal): a row a line, only free text cut to fit the width."""
     import shutil
 
     from rich.cells import cell_len, set_cell_size
