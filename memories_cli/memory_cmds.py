@@ -15,6 +15,7 @@ import typer
 from memoriesd.errors import ConfirmationRequired, UsageError
 
 from .formats import ColorOpt, FormatOpt, Listing, PlainFormatOpt, chosen, emit, md_item
+from .render import plain
 from .state import STATE, call, emit_json, fmt_time, notice, report, safe_text, table
 
 memory_app = typer.Typer(help="Keep notes, credentials and files in a vault.", no_args_is_help=True, rich_markup_mode=None)
@@ -237,7 +238,7 @@ def list_(
         if records:
             table(
                 ["ID", "REV", "KIND", "TITLE", "TAGS", "UPDATED"],
-                [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), _shown_title(r), ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
+                [[r["id"], r["revision"], r["kind"] + (" (private)" if r["private"] else ""), plain(_shown_title(r)), ", ".join(r["tags"]), fmt_time(r["updated"])] for r in records],
             )
         notice(shown)
 
