@@ -11,7 +11,6 @@ completion classes are loaded only when the shell asks.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, Any, Literal
 
@@ -147,7 +146,3 @@ def register(app: typer.Typer) -> None:
   memories completion bash > ~/.local/share/bash-completion/completions/memories
   source <(memories completion bash)              # this shell only""",
     )(completion)
-
-
-def completing() -> bool:
-    return bool(os.environ.get(COMPLETE_VAR))

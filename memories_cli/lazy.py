@@ -87,11 +87,17 @@ class Commands(MutableMapping[str, Any]):
         return self._built.get(name)
 
 
-@dataclass(frozen=True)
 class _Style:
-    pretty_exceptions_short: bool
-    rich_markup_mode: Any
-    suggest_commands: bool
+    """How typer builds the commands (the root app's settings); a plain class: start-up counts."""
+
+    __slots__ = ("pretty_exceptions_short", "rich_markup_mode", "suggest_commands")
+
+    def __init__(
+        self, *, pretty_exceptions_short: bool, rich_markup_mode: Any, suggest_commands: bool
+    ) -> None:
+        self.pretty_exceptions_short = pretty_exceptions_short
+        self.rich_markup_mode = rich_markup_mode
+        self.suggest_commands = suggest_commands
 
 
 def _command_name(info: CommandInfo) -> str:

@@ -5,6 +5,7 @@ Heavy modules (numpy, onnxruntime, jieba, tokenizers) are never imported here: s
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Any
 
@@ -65,7 +66,7 @@ def _click_errors() -> tuple[tuple[type[Any], ...], tuple[type[Any], ...]]:
     """Typer raises its vendored click's exceptions (and plain click's in older versions)."""
     usage: list[type[Any]] = []
     no_args: list[type[Any]] = []
-    for modname in ("typer._click.exceptions", "click.exceptions"):  # typer >= 0.27 vendors click
+    for modname in ("typer._click.exceptions", "click.exceptions"):  # typer 0.28 vendors click as typer._click
         try:
             mod = __import__(modname, fromlist=["UsageError"])
         except ImportError:
@@ -113,9 +114,9 @@ def _split_json_flag(argv: list[str]) -> list[str]:
 
 
 def run(argv: list[str] | None = None) -> None:
-    from .completion import complete, completing
+    if os.environ.get("_MEMORIES_COMPLETE"):  # completion.COMPLETE_VAR: the shell asks (`memories completion SHELL`)
+        from .completion import complete
 
-    if completing():  # the shell asks for completions (`memories completion SHELL`)
         complete(app)
     args = _split_json_flag(list(sys.argv[1:] if argv is None else argv))
     try:
