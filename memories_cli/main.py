@@ -139,15 +139,24 @@ def run(argv: list[str] | None = None) -> None:
         sys.stderr.write("error[aborted]: interrupted\n")
         sys.exit(130)
     except typer.Exit as exc:
-        if exc.exit_code == 130 and isinstance(exc.__cause__, KeyboardInterrupt):  # typer's silent Ctrl-C
-            sys.stderr.write("error[aborted]: interrupted\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("error[aborted]: interrupted\n")
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(1)
+    if code == INTERRUPTED and not _interruption_said():  # typer turns Ctrl-C into a silent 130
+        sys.stderr.write("error[aborted]: interrupted\n")
     sys.exit(code if isinstance(code, int) else 0)
+
+
+INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+
+def _interruption_said() -> bool:
+    """Whether a command said what its Ctrl-C left (memories_cli/progress.py ``interruptible``)."""
+    progress = sys.modules.get("memories_cli.progress")
+    return bool(getattr(progress, "said", False))
 
 
 if __name__ == "__main__":

@@ -104,8 +104,14 @@ class Progress:
             sys.stderr.write(text + "\n")
 
 
+#: Set once :func:`interrupted_line` has written its line (memories_cli/main.py then adds none).
+said = False
+
+
 def interrupted_line(what: str) -> None:
     """The one line Ctrl-C leaves on stderr (JSON with ``--json``)."""
+    global said
+    said = True
     if STATE.json:
         sys.stderr.write(
             json.dumps({"error": {"code": "interrupted", "message": what}}, ensure_ascii=False) + "\n"

@@ -290,3 +290,28 @@ def test_markdown_marks_are_dropped_for_display_and_line_breaks_kept() -> None:
     for mark in ("===", "#", "**", "_two", "](", "`"):
         assert mark not in shown, mark
     assert plain("snake_case_name and 2*3*4") == "snake_case_name and 2*3*4"
+
+
+def _blocked_reading_stdin(pid: int) -> bool:
+    """The process waits in read(0, ...) (x86-64 and arm64 number read 0 and 63), per /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] in ("0", "63") and int(fields[1], 16) == 0
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(daemon: Daemon, vault: str) -> None:
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memories_cli.main", "--home", str(daemon.home), "memory", "add", vault, "-", "--title", "t"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+    )
+    deadline = time.monotonic() + 60
+    while not _blocked_reading_stdin(proc.pid):  # a condition on the process, not a guess of time
+        assert proc.poll() is None and time.monotonic() < deadline, "memory add never read stdin"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "error[aborted]: interrupted\n", err
