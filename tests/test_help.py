@@ -97,7 +97,7 @@ def test_every_top_level_command_loads_and_its_listed_summary_is_its_own() -> No
 def test_help_lists_daily_commands_first_and_imports_no_command_module(home: Path) -> None:
     listing = _help(home).split("Commands:", 1)[1]
     names = re.findall(r"^  (\S+)", listing, re.M)
-    assert names[:3] == ["vault", "memory", "rag"], names
+    assert names[:4] == ["status", "vault", "memory", "rag"], names
     assert names.index("rag") < names.index("doctor") < names.index("completion"), names
     code = (
         "import atexit, sys\n"
