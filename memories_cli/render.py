@@ -136,7 +136,7 @@ def wrap(text: str, room: int) -> list[str]:
         if used + gap + w <= room:
             cur, used = cur + " " * gap + word, used + gap + w
             continue
-        if w > room or _cjk_run().search(word):
+        if w > room or (not _narrow(word) and _cjk_run().search(word)):  # Latin: no CJK pattern compiled
             if cur and used + 2 <= room:  # go on on this line
                 cur, used = cur + " ", used + 1
             elif cur:
@@ -219,8 +219,10 @@ def plain(text: str) -> str:
 def query_terms(query: str) -> list[str]:
     """The words of a query worth highlighting (no stop words; CJK runs as they are and as pairs)."""
     folded = query.casefold()
-    out = [w for w in _word().findall(folded) if len(w) > 1 and w not in _STOP]
-    for run in _cjk_run().findall(folded):
+    latin = _narrow(folded)  # the CJK classes take ~1 ms each to compile: not for a Latin query
+    words = re.findall(r"\w+", folded) if latin else _word().findall(folded)
+    out = [w for w in words if len(w) > 1 and w not in _STOP]
+    for run in () if latin else _cjk_run().findall(folded):
         out.append(run)
         out.extend(run[i : i + 2] for i in range(len(run) - 1) if len(run) > 2)
     return list(dict.fromkeys(out))
@@ -232,7 +234,7 @@ def term_pattern(terms: Sequence[str]) -> re.Pattern[str] | None:
         return None
     parts = []
     for t in sorted(terms, key=len, reverse=True):
-        parts.append(re.escape(t) if _cjk_run().fullmatch(t) else rf"(?<!\w){re.escape(t)}\w*")
+        parts.append(re.escape(t) if not _narrow(t) and _cjk_run().fullmatch(t) else rf"(?<!\w){re.escape(t)}\w*")
     return re.compile("|".join(parts), re.IGNORECASE)
 
 
