@@ -74,11 +74,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def small_vault(home: Path, docs: int) -> tuple[Any, str]:
-    """A daemon on ``home`` with one unlocked vault of ``docs`` SciFact abstracts (bm25 only)."""
-    proc = start_daemon(home, None, docs)
+def fill_vault(home: Path, docs: int) -> str:
+    """One unlocked vault of ``docs`` SciFact abstracts (bm25 only) on the daemon of ``home``; its id."""
     conn = Client(resolve_home(str(home)), autostart=False)  # routes each vault's requests to its process
-    vid = conn.call("vault.create", {"name": "bench", "passphrase": PASSPHRASE})["vault_id"]
+    vid = str(conn.call("vault.create", {"name": "bench", "passphrase": PASSPHRASE})["vault_id"])
     folder = home.parent / "notes"
     folder.mkdir()
     for i, doc in enumerate(load_jsonl(SCIFACT)[:docs]):
@@ -86,7 +85,7 @@ def small_vault(home: Path, docs: int) -> tuple[Any, str]:
         (folder / f"d{i:05d}.md").write_text(f"# {title}\n\n{doc['text'] or '-'}\n", encoding="utf-8")
     report = conn.call("rag.ingest", {"vault": vid, "paths": [str(folder.resolve())], "recursive": True})
     log(f"{len(report['records'])} notes ingested")
-    return proc, vid
+    return vid
 
 
 def cli_commands(label: str, cli: list[str], cwd: Path, home: Path, vid: str) -> list[Timed]:
@@ -124,7 +123,8 @@ def main() -> None:
     home = work / "h"
     proc = None
     try:
-        proc, vid = small_vault(home, args.docs)
+        proc = start_daemon(home, None, args.docs)
+        vid = fill_vault(home, args.docs)
         env = {
             k: v
             for k, v in os.environ.items()
