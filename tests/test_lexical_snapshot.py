@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from memoriesd.index.snapshot import SNAPSHOT_NAME, SnapshotRejected, read_snapshot, version_tag
+from memoriesd.index.upkeep import MIN_BEHIND_ENTRIES
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.format import read_header
@@ -266,3 +267,25 @@ def test_compaction_rewrites_the_snapshot_without_deleted_rows() -> None:
         assert results(d, vid) == expected
         assert restored_lines(d)[-1] == "42 fragments, 0 records caught up, 0 removed"
         # (A vault's process holds its own index only: no other vault can evict it before a compaction.)
+
+
+def test_a_large_ingest_leaves_a_current_snapshot_so_the_next_unlock_applies_nothing(tmp_path: Path) -> None:
+    """No search after the ingest: the upkeep builds the index and seals the snapshot in the
+    background, so the first search after unlock restores it and catches up nothing."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    n_files = MIN_BEHIND_ENTRIES + 20
+    for i in range(n_files):
+        title, body = note(i)
+        (folder / f"n{i:04d}.md").write_text(f"# {title}\n\n{body}\n", encoding="utf-8")
+    with notes_daemon() as (d, vid):
+        assert d.call("rag.ingest", {"vault": vid, "paths": [str(folder)], "recursive": True})["added"] == n_files
+        wait_for(lambda: "lexical snapshot written (ingest)" in d.log_text())
+        assert snap(d, vid).exists()
+        expected = results(d, vid)
+        relock(d, vid)
+        wait_for(lambda: len(restored_lines(d)) == 1)
+        assert restored_lines(d) == [f"{n_files + 42} fragments, 0 records caught up, 0 removed"]
+        assert results(d, vid) == expected
+        assert rejected_lines(d) == []
+

@@ -22,9 +22,10 @@ Thread-safe: one lock around the connection.
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import Internal, QueryInvalid
@@ -42,6 +43,8 @@ MAX_LIMIT = 100
 #: Largest ``limit`` of :meth:`BM25Index.candidates` (hybrid candidates, evaluation).
 MAX_CANDIDATES = 10_000
 _FILTER_CHUNK = 500
+#: Documents per transaction of :meth:`BM25Index.flush` (a lock or a query waits for at most one).
+FLUSH_CHUNK_DOCS = 2048
 #: Terms in more than this share of fragments are left out of ranking expressions.
 PRUNE_DF_SHARE = 0.3
 #: Then the most common terms left are dropped until the rest occur in at most this many fragments.
@@ -212,16 +215,29 @@ class BM25Index:
                 self._n_fragments += len(ids)
                 self._source_bytes += doc_source_bytes(doc)
 
-    def _flush_locked(self) -> None:
-        """Write the FTS5 rows of documents added since the last query. Caller holds the lock."""
+    def flush(self, check: Callable[[], None] = lambda: None, *, chunk: int = FLUSH_CHUNK_DOCS) -> None:
+        """Write every pending document's FTS5 rows now (in the background, so that the first query
+        finds none pending), ``chunk`` documents per transaction; ``check`` runs before each (it
+        raises to stop: what was written stays written, the rest stays pending)."""
+        while True:
+            check()
+            with self._lock:
+                if not self._pending:
+                    return
+                self._flush_locked(limit=chunk)
+
+    def _flush_locked(self, limit: int | None = None) -> None:
+        """Write the FTS5 rows of documents added since the last query (the first ``limit`` of them).
+        Caller holds the lock."""
         if not self._pending:
             return
         han_only = self.segmentation.han_only
         self._df.clear()
         exact_ids: list[int] = []
+        batch = list(self._pending.values()) if limit is None else list(itertools.islice(self._pending.values(), limit))
         self._db.execute("BEGIN")
         try:
-            for doc, ids in self._pending.values():
+            for doc, ids in batch:
                 title_seg = segment(doc.title, han_only=han_only)
                 meta_seg = segment(doc.meta_text, han_only=han_only)
                 doc_han = has_han(doc.title) or has_han(doc.meta_text)
@@ -240,8 +256,12 @@ class BM25Index:
             self._db.execute("ROLLBACK")
             raise
         self._exact_rows.update(exact_ids)
-        self.rows_changed += sum(len(ids) for _, ids in self._pending.values())
-        self._pending.clear()
+        self.rows_changed += sum(len(ids) for _, ids in batch)
+        if limit is None or len(batch) == len(self._pending):
+            self._pending.clear()
+        else:
+            for doc, _ in batch:
+                del self._pending[doc.record_id]
         self._has_rows = True
 
     @staticmethod

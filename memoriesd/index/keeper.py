@@ -360,6 +360,11 @@ class SnapshotKeeper:
             self._thread = threading.Thread(target=self._run, name=f"memoriesd-lexsnap-{self.vault_id}", daemon=True)
             self._thread.start()
 
+    def due(self) -> bool:
+        """Whether a write is worth it now: the index has rows and no snapshot on disk, or at least
+        :data:`WRITE_AFTER_ROWS` rows changed since the one on disk."""
+        return self._due(self.owner.bm25)
+
     def _due(self, bm25: BM25Index | None) -> bool:
         if bm25 is None or not bm25.has_rows:
             return False
@@ -375,16 +380,19 @@ class SnapshotKeeper:
                     self._last_change = time.monotonic()
                 now = time.monotonic()
                 if now >= retry_at and now - self._last_change >= SETTLE_SECONDS and self._due(bm25):
-                    self.write("settled")
+                    self.write("settled", if_due=True)
             except crypto.KeyWiped:
                 return
             except Exception as exc:  # noqa: BLE001 - a failed write never affects search
                 retry_at = time.monotonic() + RETRY_SECONDS
                 log.warning("vault %s: the lexical snapshot was not written (%s)", self.vault_id, _why(exc))
 
-    def write(self, why: str) -> bool:
-        """Export the index and replace the snapshot (True when written)."""
+    def write(self, why: str, *, if_due: bool = False) -> bool:
+        """Export the index and replace the snapshot (True when written). ``if_due``: only when
+        :meth:`due` still holds once the write lock is held (another writer may have just written)."""
         with self._write_lock:
+            if if_due and not self.due():
+                return False
             return self._write_locked(why)
 
     def _write_locked(self, why: str, *, purge: bool = False) -> bool:

@@ -237,6 +237,21 @@ def read_snapshot(
     return SnapshotImage(head=head, meta=meta, db=sections[1])
 
 
+def snapshot_head(vault_dir: Path, version: str) -> Head | None:
+    """The head the vault's snapshot was built from, read off its plaintext header alone (nothing is
+    decrypted); None when there is no snapshot, or none of this version, or its header is invalid."""
+    try:
+        with open(snapshot_path(vault_dir), "rb") as f:
+            if _read_exact(f, len(MAGIC)) != MAGIC:
+                return None
+            (n,) = _U32.unpack(_read_exact(f, _U32.size))
+            if not 2 <= n <= MAX_HEADER_BYTES:
+                return None
+            return _parse_header(_read_exact(f, n), version)[0]
+    except (OSError, SnapshotRejected):
+        return None
+
+
 def _parse_header(header: bytes, version: str) -> tuple[Head, list[int]]:
     try:
         doc = json.loads(header.decode("ascii"))
@@ -309,6 +324,7 @@ __all__ = [
     "log_extends",
     "read_snapshot",
     "remove_snapshot",
+    "snapshot_head",
     "snapshot_path",
     "version_tag",
     "write_snapshot",

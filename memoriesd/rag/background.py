@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import Cancelled, MemoriesError, VaultLocked
+from ..index.upkeep import LexicalUpkeep
 from .vector_view import ViewEngine
 
 if TYPE_CHECKING:
@@ -118,6 +119,9 @@ class BackgroundIndexer:
         self._jobs: dict[str, Job] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # After a change or an unlock, the lexical index and its snapshot are brought up to date in
+        # the background whatever the model (memoriesd.index.upkeep): never on the first search.
+        self.lexical = LexicalUpkeep(app.vaults.live, engine.vault_index)
         app.vaults.on_unlock(self.request)
         app.vaults.on_lock(self._paused)
 
@@ -128,6 +132,7 @@ class BackgroundIndexer:
 
     def request(self, vault_id: str, *, first: bool = False) -> None:
         """Queue ``vault_id`` (``first``: ahead of the others, for `rag index`)."""
+        self.lexical.request(vault_id)
         if not self.enabled():
             return
         with self._cond:
@@ -165,6 +170,7 @@ class BackgroundIndexer:
 
     def stop(self) -> None:
         self._stop.set()
+        self.lexical.stop()
         with self._cond:
             self._cond.notify_all()
 
