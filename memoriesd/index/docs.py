@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..config import CacheConfig
 from ..errors import CapExceeded
@@ -109,17 +109,33 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     the path under the folder that was ingested, only for a card that has no ``source``)."""
     source = rec.meta.get("source") or rec.meta.get("path") or None
     kind = kind_of(rec.kind)
-    return IndexedDoc(
-        record_id=rec.id,
-        revision=rec.revision,
-        kind=rec.kind,
-        title=rec.title,
-        meta_text=meta_text(rec),
-        source=str(source) if source else None,
-        fragments=fragments,
-        when=kind.when(rec),
-        windows=kind.windows(rec, fragments),
-    )
+    values = {
+        "record_id": rec.id,
+        "revision": rec.revision,
+        "kind": rec.kind,
+        "title": rec.title,
+        "meta_text": meta_text(rec),
+        "source": str(source) if source else None,
+        "fragments": fragments,
+        "when": kind.when(rec),
+        "windows": kind.windows(rec, fragments),
+    }
+    if not _FAST_INIT:
+        return IndexedDoc(**values)
+    # An unlock's restore makes one per record: without the frozen dataclass's nine __setattr__
+    # calls. The same fields and values: equal and hashing alike (as Record.from_entry does).
+    doc = _new(IndexedDoc)
+    _set(doc, "__dict__", values)
+    return doc
+
+
+_new = object.__new__
+_set = object.__setattr__
+# doc_from_record fills every field itself: only while that stays true (a field added to
+# IndexedDoc falls back to the constructor, with its default).
+_FAST_INIT = {f.name for f in fields(IndexedDoc)} == {
+    "record_id", "revision", "kind", "title", "meta_text", "source", "fragments", "when", "windows"
+}
 
 
 @dataclass(frozen=True)
