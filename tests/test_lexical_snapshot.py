@@ -14,12 +14,16 @@ from typing import Any
 
 import pytest
 
+from memoriesd.config import IndexConfig
+from memoriesd.index.caches import VaultIndex
 from memoriesd.index.snapshot import SNAPSHOT_NAME, SnapshotRejected, read_snapshot, version_tag
 from memoriesd.index.upkeep import MIN_BEHIND_ENTRIES
+from memoriesd.text import segment as seg
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.format import read_header
-from memoriesd.vault.store import unwrap_key
+from memoriesd.vault.records import Record, new_record_id, now
+from memoriesd.vault.store import KdfParams, VaultStore, unwrap_key
 
 from .conftest import Daemon, all_file_bytes, create_vault, short_tmpdir, write_config
 
@@ -289,3 +293,41 @@ def test_a_large_ingest_leaves_a_current_snapshot_so_the_next_unlock_applies_not
         assert results(d, vid) == expected
         assert rejected_lines(d) == []
 
+
+
+def test_a_complete_snapshot_of_the_current_head_is_used_without_comparing_and_any_change_is_caught_up(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """In one process: a snapshot written with every document (none pending) of the head the vault is
+    at restores as ``complete`` (the first refresh compares nothing) and answers like the index it
+    was written from; once the vault moved on, the restore compares and applies the change."""
+    seg.configure(tmp_path_factory.mktemp("jieba"))
+    vdir = tmp_path / "v"
+    store = VaultStore.create(vdir, "vcomplete", "t", PASS.encode(), KdfParams(memory_kib=64, iterations=1, lanes=1))
+    for i in range(30):
+        title, body = note(i)
+        store.commit([Record(new_record_id(), 1, "memory", title, body, False, ("t",), created=now(), updated=now())])
+    built = VaultIndex(store, IndexConfig())
+    built.refresh()
+    assert built.bm25 is not None and built.keeper is not None
+    built.bm25.flush()
+    assert built.bm25.exports_every_document
+    assert built.keeper.write("test")
+    want = [h.frag_id for h in built.bm25.search("river lantern").hits]
+    built.close()
+
+    again = VaultIndex(store, IndexConfig())
+    again.refresh()
+    assert again.keeper is not None and again.keeper.info["complete"] is True
+    assert again.bm25 is not None and [h.frag_id for h in again.bm25.search("river lantern").hits] == want
+    assert again.n_fragments() == 30
+    again.close()
+
+    store.commit([Record(new_record_id(), 1, "memory", "late", "a zanzibarquokka river", False, (), created=now(), updated=now())])
+    moved = VaultIndex(store, IndexConfig())
+    moved.refresh()
+    assert moved.keeper is not None and moved.keeper.info["complete"] is False
+    assert moved.keeper.info["caught_up_records"] == 1
+    assert moved.bm25 is not None and moved.bm25.search("zanzibarquokka").hits
+    moved.close()
+    store.close()

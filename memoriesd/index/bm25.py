@@ -178,6 +178,13 @@ class BM25Index:
             return self._db.serialize(), docs, sorted(self._exact_rows), self._next_id, self.rows_changed
 
     @property
+    def exports_every_document(self) -> bool:
+        """Whether :meth:`export` without ``flush`` would hold every document: none pending, none
+        without fragments (a restore of such an export needs no comparison with the vault)."""
+        with self._lock:
+            return not self._pending and all(self._live.values())
+
+    @property
     def has_rows(self) -> bool:
         """Whether FTS5 rows exist (a lexical query ran, or the index was restored)."""
         return self._has_rows

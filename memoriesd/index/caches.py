@@ -100,9 +100,16 @@ class VaultIndex:
                 if gen == self.generation and self.bm25 is not None:
                     return False
                 head = store.head
-                current = {r.id: r for r in store.latest() if r.searchable}
-            changed = [r for rid, r in current.items() if rid not in self._docs or self._docs[rid].revision != r.revision]
-            removed = [rid for rid in self._docs if rid not in current]
+                # A complete snapshot of this very head holds every searchable record as it is:
+                # nothing to compare (at 100,000 fragments, 0.1-0.2 s of the first search).
+                same = restored and head == self.head and self.keeper is not None and self.keeper.info.get("complete")
+                current = None if same else {r.id: r for r in store.latest() if r.searchable}
+            if current is None:
+                changed: list[Record] = []
+                removed: list[str] = []
+            else:
+                changed = [r for rid, r in current.items() if rid not in self._docs or self._docs[rid].revision != r.revision]
+                removed = [rid for rid in self._docs if rid not in current]
             new_docs = {r.id: self._doc_for(r) for r in changed}
             # Caps are checked on what the index would hold, before it is built.
             docs_after = dict(self._docs)

@@ -11,6 +11,7 @@ import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from typing import Any
 
 from ..config import CacheConfig
 from ..errors import CapExceeded
@@ -109,7 +110,7 @@ def doc_from_record(rec: Record, fragments: tuple[Fragment, ...]) -> IndexedDoc:
     the path under the folder that was ingested, only for a card that has no ``source``)."""
     source = rec.meta.get("source") or rec.meta.get("path") or None
     kind = kind_of(rec.kind)
-    values = {
+    values: dict[str, Any] = {
         "record_id": rec.id,
         "revision": rec.revision,
         "kind": rec.kind,

@@ -75,12 +75,19 @@ Lookup = Callable[[str, int], "Record | None"]
 
 
 def encode_meta(
-    docs: list[tuple[IndexedDoc, int]], exact: list[int], next_id: int, content_keys: list[str] | None = None
+    docs: list[tuple[IndexedDoc, int]],
+    exact: list[int],
+    next_id: int,
+    content_keys: list[str] | None = None,
+    *,
+    complete: bool = False,
 ) -> dict[str, Any]:
     """What the snapshot says about its rows: no text, only ids, revisions and byte ranges, and
     (``content_keys``: one string per document, :data:`CONTENT_KEY_HEX` characters per fragment)
     the key of each fragment's vector, so the first vector search after unlock need not compute
-    them (:meth:`SnapshotKeeper.content_key_for`)."""
+    them (:meth:`SnapshotKeeper.content_key_for`). ``complete``: the documents are every searchable
+    record of the head the snapshot is bound to (none left out as pending or empty), so a restore
+    at that very head needs no comparison with the vault's records."""
     out_docs: list[list[object]] = []
     fps: list[str] = []
     for doc, first in docs:
@@ -96,6 +103,7 @@ def encode_meta(
         "ck": "".join(content_keys) if content_keys is not None else "",
         "exact": exact,
         "source_bytes": sum(doc.source_bytes for doc, _ in docs),
+        "complete": complete,
     }
 
 
@@ -106,6 +114,7 @@ class Decoded:
     next_id: int
     source_bytes: int
     content_keys: str = ""  # CONTENT_KEY_HEX characters per fragment, in document order ("" when none)
+    complete: bool = False  # see encode_meta
 
 
 _new = object.__new__
@@ -157,7 +166,7 @@ def decode_meta(meta: dict[str, Any], lookup: Lookup, make_doc: MakeDoc, check: 
         ckeys = str(meta.get("ck", ""))
         if ckeys and len(ckeys) != (len(fps) // step) * CONTENT_KEY_HEX:
             raise SnapshotRejected("its fragment list is inconsistent")
-        return Decoded(out, exact, next_id, source_bytes, ckeys)
+        return Decoded(out, exact, next_id, source_bytes, ckeys, meta.get("complete") is True)
     except SnapshotRejected:
         raise
     except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError) as exc:
@@ -254,6 +263,8 @@ class SnapshotKeeper:
             "restored_fragments": bm25.held_fragments(),
             "restore_seconds": round(time.perf_counter() - t0, 3),
             "exact_head": image.head == head,
+            # Every searchable record of exactly the current head: the first refresh compares nothing.
+            "complete": image.head == head and dec.complete,
         }
         return bm25, docs, image.head
 
@@ -409,8 +420,9 @@ class SnapshotKeeper:
                     return False
                 bm25.purge()
             t0 = time.perf_counter()
+            complete = bm25.exports_every_document
             db, docs, exact, next_id, rows = bm25.export(flush=False)
-        meta = encode_meta(docs, exact, next_id, self._content_keys(docs))
+        meta = encode_meta(docs, exact, next_id, self._content_keys(docs), complete=complete)
         size = write_snapshot(self.dir, self.vault_id, self._sealer, head, self.version, meta, db)
         self.on_disk = head
         self._rows_at_write = rows
