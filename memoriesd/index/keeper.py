@@ -22,6 +22,8 @@ segment anything, and skip documents whose rows are still pending:
 - in the background, :data:`SETTLE_SECONDS` after the last change, when there is no snapshot yet
   or at least :data:`WRITE_AFTER_ROWS` rows changed since the one on disk (fewer changes cost the
   next unlock little to catch up, while each write is the whole index);
+- after a large change, by the lexical upkeep (:mod:`memoriesd.index.upkeep`), which first builds
+  the index and writes its pending rows when nothing else did (no search since the change);
 - at lock, eviction or shutdown (:meth:`SnapshotKeeper.close`), under the same condition, with
   the key still valid: the vault closes the index before it wipes the vault key, and the keeper's
   own subkey is wiped only after;
