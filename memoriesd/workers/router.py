@@ -4,16 +4,16 @@ The router (the process that owns the daemon's socket) never holds a vault key, 
 note, a query or a result: it never reads a frame that carries vault plaintext. It answers ``vault.route`` (where a
 vault is served: a socket path, no content), starts a worker for ``vault.unlock``/``vault.passwd``
 (``start``) and ``vault.create`` (``new``: a fresh vault id), and answers the vault-wide methods
-itself, asking workers only for what holds no note text (record counts, grant ids and labels,
-folder-watch states). Lock, auto-lock, delete and daemon stop end the worker process: ``lock
+itself (:mod:`memoriesd.workers.fanout`), asking workers only for what holds no note text (record
+counts, grant ids and labels, folder-watch states). Lock, auto-lock, delete and daemon stop end the worker process: ``lock
 REASON`` on its stdin, then it locks (in-flight work drains as before) and exits. A worker whose
 stdin closes (the router died, even by SIGKILL) locks and exits too.
 
 Latency: one *spare* worker waits, imports done and the segmenter's dictionary loaded, bound to no
 vault; an unlock hands it the vault (``bind ID`` on its stdin) and a new spare starts behind it.
 
-Frozen workers: questions about a worker (status, lists) wait ``STATUS_SECONDS`` at most and then
-answer from what the worker said last; a lock that the worker does not acknowledge within
+Frozen workers: questions about a worker (status, lists) wait ``fanout.STATUS_SECONDS`` at most and
+then answer from what the worker said last; a lock that the worker does not acknowledge within
 ``ACK_SECONDS`` ends it (SIGTERM, then SIGKILL): acknowledged writes are on disk already.
 
 The model process (:class:`ModelHost`): started on the first ``model.route`` from a worker, ended
@@ -22,7 +22,6 @@ when a vault whose worker used it locks (after it, no live process holds that va
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import re
@@ -34,14 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Busy, Internal, MemoriesError, NotFound, ProtocolError
+from ..errors import Busy, Internal, MemoriesError, ProtocolError
 from ..server.context import Context, Params
 from ..server.grants import _locked, _revoked
 from ..server.method import Method
-from ..server.methods import vaults as vault_methods
 from ..vault.live import locked_error
 from ..vault.records import new_record_id
-from .model_client import ask as ask_socket
+from .fanout import VaultWide
 from .model_host import ModelHost
 from .process import EXIT_GRACE_SECONDS, child_command
 
@@ -52,11 +50,6 @@ log = logging.getLogger("memoriesd.workers")
 
 #: How long a new worker may take to listen (a Python start and the daemon's imports: ~0.5 s here).
 READY_SECONDS = 30.0
-#: How long the router waits for a worker's answer to a metadata question it must have (grants).
-ASK_SECONDS = 10.0
-#: How long ``vault list``, ``daemon status`` and the like wait for one worker's status (a frozen
-#: worker then answers as it said last): never a second in all, since workers are asked at once.
-STATUS_SECONDS = 0.5
 #: A worker told to lock says ``locking`` within this, or it is frozen and is ended by signal.
 ACK_SECONDS = 2.0
 #: After SIGTERM, how long before SIGKILL.
@@ -148,21 +141,11 @@ class Router:
         self._spare_gate = threading.Lock()
         self.closed = False
         self.model = ModelHost(self)
-        self._asking = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="memoriesd-ask")
         # The router's side of methods that need every vault's process (asked at once) or must
         # end one; every other method runs as declared in the table, refused when a vault's
         # process serves the vault it names.
-        self._overrides: dict[str, Handler] = {
-            "vault.list": self._vault_list,
-            "vault.status": self._vault_status,
-            "vault.lock": self._vault_lock,
-            "vault.delete": self._vault_delete,
-            "daemon.status": self._daemon_status,
-            "grant.list": self._grant_list,
-            "grant.revoke": self._grant_revoke,
-            "rag.watch_reload": self._watch_reload,
-            "vault.overview": self._overview,
-        }
+        self.vault_wide = VaultWide(self)
+        self._overrides: dict[str, Handler] = self.vault_wide.handlers()
         for stale in [*self.home.run.glob("w*.sock"), *self.home.run.glob("m*.sock")]:  # we hold the home's lock
             with contextlib.suppress(OSError):
                 stale.unlink()
@@ -182,7 +165,7 @@ class Router:
         def guarded(app: App, ctx: Context) -> dict[str, Any]:
             if declared.route in ("start", "create"):
                 raise route_first("every vault")
-            self._refuse_if_served(ctx.params)
+            self.refuse_if_served(ctx.params)
             return base(app, ctx)  # the vault is locked here: the handler says so
 
         return guarded
@@ -203,13 +186,13 @@ class Router:
             spare, self._spare = self._spare, None
         if spare is not None:
             workers.append(spare)
-        threads = [threading.Thread(target=self._end, args=(w, "shutdown")) for w in workers]
+        threads = [threading.Thread(target=self.end, args=(w, "shutdown")) for w in workers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         self.model.recycle()
-        self._asking.shutdown(wait=False, cancel_futures=True)
+        self.vault_wide.close()
 
     # ------------------------------------------------------------------ workers
 
@@ -222,7 +205,7 @@ class Router:
         with self._lock:
             return [w for w in self._workers.values() if w.alive]
 
-    def _gate(self, vault_id: str) -> threading.Lock:
+    def gate(self, vault_id: str) -> threading.Lock:
         with self._lock:
             return self._gates.setdefault(vault_id, threading.Lock())
 
@@ -267,7 +250,7 @@ class Router:
             return None
         spare.vault_id = vault_id
         if not spare.tell(f"bind {vault_id}{' create' if create else ''}") or not spare.bound.wait(READY_SECONDS):
-            self._end(spare, "unused")
+            self.end(spare, "unused")
             return None
         return spare
 
@@ -276,7 +259,7 @@ class Router:
         with self._lock:
             self._starting[vault_id] = started
         try:
-            with self._gate(vault_id):
+            with self.gate(vault_id):
                 with self._lock:
                     current = self._workers.get(vault_id)
                 if current is not None and current.alive:
@@ -338,7 +321,7 @@ class Router:
         w.acked.set()
         w.ended.set()
 
-    def _end(self, w: Worker, reason: str) -> bool:
+    def end(self, w: Worker, reason: str) -> bool:
         """Make ``w`` lock its vault and exit; True when its vault had been unlocked."""
         w.closing = True
         told = w.tell(f"lock {reason}")
@@ -359,33 +342,9 @@ class Router:
             w.ended.wait(EXIT_GRACE_SECONDS)
 
     def lock(self, vault_id: str, reason: str = "lock") -> bool:
-        with self._gate(vault_id):
+        with self.gate(vault_id):
             w = self.live(vault_id)
-            return self._end(w, reason) if w is not None else False
-
-    def ask(self, w: Worker, name: str, params: dict[str, Any], timeout: float = ASK_SECONDS) -> object:
-        """One request to a worker (metadata only: its reply never holds note text)."""
-        return ask_socket(w.socket_path, name, params, timeout)
-
-    def _status(self, w: Worker) -> dict[str, Any] | None:
-        """The worker's ``vault.status``; None when it cannot answer (ending, or gone)."""
-        try:
-            out = self.ask(w, "vault.status", {"vault": w.vault_id}, STATUS_SECONDS)
-        except TimeoutError:  # alive but frozen or too busy to answer: as it said last
-            return {"vault_id": w.vault_id, "locked": not w.saw_unlocked}
-        except (OSError, ConnectionError, MemoriesError):
-            return None
-        return out if isinstance(out, dict) else None
-
-    def _statuses(self, vault_ids: list[str]) -> dict[str, dict[str, Any] | None]:
-        """Every live worker of ``vault_ids`` asked at once: a frozen one costs ``STATUS_SECONDS``, once."""
-        live = {v: w for v in vault_ids if (w := self.live(v)) is not None}
-        futures = {v: self._asking.submit(self._status, w) for v, w in live.items()}
-        return {v: (futures[v].result() if v in futures else None) for v in vault_ids}
-
-    def _unlocked(self, vault_id: str) -> bool:
-        status = self._statuses([vault_id])[vault_id]
-        return status is not None and not status["locked"]
+            return self.end(w, reason) if w is not None else False
 
     # ------------------------------------------------------------------ vault.route
 
@@ -414,165 +373,17 @@ class Router:
             out["error"] = (_locked(vault_id) if for_grant else locked_error(name)).to_dict()
         return out
 
-    def _refuse_if_served(self, p: Params) -> None:
+    def refuse_if_served(self, p: Params) -> None:
         ref = p.raw.get("vault")
         if isinstance(ref, str) and ref:
             vault_id = self.app.vaults.resolve(ref)
             if self.live(vault_id) is not None:
                 raise route_first(f"vault {self.app.vaults.name_of(vault_id)}")
 
-    # ------------------------------------------------------------------ the router's own methods
-
-    def _vault_list(self, app: App, ctx: Context) -> dict[str, Any]:
-        vaults = app.vaults.list_vaults()
-        statuses = self._statuses([v["vault_id"] for v in vaults])
-        for v in vaults:
-            status = statuses[v["vault_id"]]
-            v["locked"] = status is None or bool(status["locked"])
-        return {"vaults": vaults}
-
-    def _info(self, app: App, vault_id: str, status: dict[str, Any] | None) -> dict[str, Any]:
-        if status is not None and "name" in status:
-            return status
-        info = vault_methods.vault_info(app, vault_id)
-        if status is not None:  # a busy or frozen process: its vault is unlocked, its counts unknown right now
-            info["locked"] = status["locked"]
-        return info
-
-    def _vault_status(self, app: App, ctx: Context) -> dict[str, Any]:
-        ref = ctx.params.text("vault", None)
-        ids = [v["vault_id"] for v in app.vaults.list_vaults()] if ref is None else [app.vaults.resolve(ref)]
-        statuses = self._statuses(ids)
-        infos = [self._info(app, v, statuses[v]) for v in ids]
-        return {"vaults": infos} if ref is None else infos[0]
-
-    def _vault_lock(self, app: App, ctx: Context) -> dict[str, Any]:
-        if ctx.params.flag("all", False):
-            ws = self.workers()
-            results: dict[str, bool] = {}
-            threads = [threading.Thread(target=lambda w=w: results.__setitem__(w.vault_id, self.lock(w.vault_id))) for w in ws]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            locked = sorted(v for v, was in results.items() if was)
-            others = [v["vault_id"] for v in app.vaults.list_vaults() if v["vault_id"] not in locked]
-            return {"locked": locked, "already_locked": others}
-        vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
-        if self.lock(vault_id):
-            return {"locked": [vault_id], "already_locked": []}
-        return {"locked": [], "already_locked": [vault_id]}
-
-    def _vault_delete(self, app: App, ctx: Context) -> dict[str, Any]:
-        vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
-        with self._gate(vault_id):  # no worker can start for it meanwhile
-            w = self.live(vault_id)
-            if w is not None:
-                self._end(w, "delete")
-            notices: list[str] = []
-            name = app.vaults.name_of(vault_id)  # read before its header goes
-            out: dict[str, Any] = {"deleted": app.vaults.delete(vault_id, notices), "name": name}
-            if notices:
-                out["notices"] = notices  # the remembered key could not be removed from the OS keyring
-            return out
-
-    def _daemon_status(self, app: App, ctx: Context) -> dict[str, Any]:
-        out = vault_methods.daemon_status(app, ctx)
-        ws = self.workers()
-        statuses = self._statuses([w.vault_id for w in ws])
-        out["unlocked"] = [w.vault_id for w in ws if (st := statuses[w.vault_id]) is not None and not st["locked"]]
-        out["vault_processes"] = [{"vault_id": w.vault_id, "pid": w.proc.pid} for w in ws]
+    def spare_pid(self) -> int | None:
+        """The spare worker's process id (``daemon status``), None while none waits."""
         spare = self._spare
-        out["spare_process"] = spare.proc.pid if spare is not None and spare.alive else None
-        out["model_process"] = self.model.pid
-        return out
-
-    def _ask_all(self, ws: list[Worker], name: str, params: dict[str, Any] | None) -> list[tuple[Worker, object]]:
-        """Ask every worker at once (``params`` None: its own vault); each answer, or the exception it
-        raised (a timeout for a frozen one)."""
-
-        def one(w: Worker) -> object:
-            try:
-                return self.ask(w, name, {"vault": w.vault_id} if params is None else params, STATUS_SECONDS * 2)
-            except (OSError, ConnectionError, MemoriesError) as exc:
-                return exc
-
-        futures = [(w, self._asking.submit(one, w)) for w in ws]
-        return [(w, f.result()) for w, f in futures]
-
-    def _overview(self, app: App, ctx: Context) -> dict[str, Any]:
-        """``memories status``: every vault in one request. Each vault's process answers for its vault
-        (asked at once, ``STATUS_SECONDS`` × 2 at most); a locked vault is answered here, and a process
-        too busy to answer in time is shown unlocked with ``busy``."""
-        ref = ctx.params.text("vault", None)
-        ids = [app.vaults.resolve(ref)] if ref else [v["vault_id"] for v in app.vaults.list_vaults()]
-        ws = [w for w in self.workers() if w.vault_id in ids]
-        answers = {w.vault_id: res for w, res in self._ask_all(ws, "vault.overview", None)}
-        rows: list[dict[str, Any]] = []
-        for vault_id in ids:
-            res = answers.get(vault_id)
-            theirs = res.get("vaults") if isinstance(res, dict) else None
-            if isinstance(theirs, list) and theirs and isinstance(theirs[0], dict):
-                rows.append(theirs[0])
-                continue
-            row = vault_methods.vault_info(app, vault_id)
-            if isinstance(res, TimeoutError):
-                w = self.live(vault_id)
-                row.update({"locked": not (w is not None and w.saw_unlocked), "busy": True})
-            rows.append(row)
-        return {"vaults": rows}
-
-    def _grant_list(self, app: App, ctx: Context) -> dict[str, Any]:
-        if ctx.params.text("vault", None) is not None:
-            return self._guarded("grant.list", app, ctx)
-        grants: list[dict[str, Any]] = []
-        answered: set[str] = set()
-        for w, res in self._ask_all(self.workers(), "grant.list", None):
-            if isinstance(res, dict):
-                grants.extend(res["grants"])
-                answered.add(w.vault_id)
-        listed = app.vaults.list_vaults()
-        locked = [v["vault_id"] for v in listed if v["vault_id"] not in answered]
-        names = {v["vault_id"]: v["name"] for v in listed if v["vault_id"] in locked}
-        grants.sort(key=lambda g: (g["vault_id"], -(g["created"] or 0), g["grant_id"]))
-        return {"grants": grants, "locked_vaults": locked, "locked_vault_names": names}
-
-    def _grant_revoke(self, app: App, ctx: Context) -> dict[str, Any]:
-        p = ctx.params
-        if p.flag("all", False) or p.text("vault", None) is not None:
-            return self._guarded("grant.revoke", app, ctx)
-        grant_id = p.text("grant_id", allow_empty=False, max_len=64)
-        vaults = app.vaults.list_vaults()
-        served = 0
-        for _w, res in self._ask_all(self.workers(), "grant.revoke", {"grant_id": grant_id}):
-            if isinstance(res, dict):
-                return dict(res)
-            if isinstance(res, MemoriesError) and res.code != "not_found":
-                raise res
-            served += isinstance(res, MemoriesError)
-        locked = served < len(vaults)
-        hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
-        raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
-
-    def _declared(self, name: str) -> Handler:
-        handler = self.app.methods.handler(name)
-        assert handler is not None, f"{name} is declared in the method table"
-        return handler
-
-    def _guarded(self, name: str, app: App, ctx: Context) -> dict[str, Any]:
-        self._refuse_if_served(ctx.params)
-        return dict(self._declared(name)(app, ctx))
-
-    def _watch_reload(self, app: App, ctx: Context) -> dict[str, Any]:
-        out = dict(self._declared("rag.watch_reload")(app, ctx))
-        rows = list(out.get("watches", []))
-        for w, res in self._ask_all(self.workers(), "rag.watch_reload", {}):
-            theirs = res.get("watches", []) if isinstance(res, dict) else []
-            for i, row in enumerate(theirs[: len(rows)]):
-                if isinstance(row, dict) and row.get("vault_id") == w.vault_id:
-                    rows[i] = row
-        out["watches"] = rows
-        return out
+        return spare.proc.pid if spare is not None and spare.alive else None
 
 
 __all__ = ["Router", "Worker", "vault_route", "model_route", "route_first"]
