@@ -30,6 +30,7 @@ COMMANDS: tuple[Lazy, ...] = (
     Lazy("vault", "Create, unlock, lock and manage encrypted vaults.", ("memories_cli.vault_cmds:vault_app",)),
     Lazy("memory", "Keep notes, credentials and files in a vault.", (
         "memories_cli.memory_cmds:memory_app",
+        "memories_cli.forget_cmds:register",  # memory forget
         "memories_cli.rag_cmds:register_memory_search",
         "memories_cli.conversation_cmds:register",  # memory capture
         "memories_cli.extract_cmds:register",  # memory extract

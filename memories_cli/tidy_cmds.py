@@ -8,8 +8,8 @@ import typer
 
 from memoriesd.errors import UsageError
 
+from .forget_cmds import table_listing
 from .formats import ColorOpt, PlainFormatOpt, chosen, emit, md_item
-from .memory_cmds import table_listing
 from .state import call, fmt_time
 
 KINDS = ("conversation", "fact")  # memoriesd.memory.tidy.SUMMARIZE_KINDS
