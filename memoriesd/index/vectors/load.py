@@ -12,7 +12,7 @@ later row, as a whole-file read does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,4 +229,10 @@ def short_keys(keys: np.ndarray) -> np.ndarray:
     return np.frombuffer(raw, dtype=">u8").reshape(-1, 2)[:, 0].astype(np.uint64)
 
 
-__all__ = ["Matched", "SidecarMatch", "short_keys"]
+def key_arrays(keys: Mapping[int, str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(fids int64, content keys S32)`` of a fid -> key map: the wanted keys of a :class:`SidecarMatch`."""
+    return (np.fromiter(keys.keys(), dtype=np.int64, count=len(keys)),
+            np.array(list(keys.values()), dtype=_KEY) if keys else np.empty(0, dtype=_KEY))
+
+
+__all__ = ["Matched", "SidecarMatch", "key_arrays", "short_keys"]

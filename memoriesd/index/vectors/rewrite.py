@@ -1,5 +1,6 @@
-"""Rewriting a vector sidecar: :func:`repack` (narrower rows, full chunks), :func:`reseal` (a copy
-under the vault's new key) and :func:`retain` (only the entries of live fragments).
+"""Rewriting a vector sidecar: :func:`repack` (narrower rows, full chunks; in the background after a
+load, :func:`repack_after_load`), :func:`reseal` (a copy under the vault's new key) and
+:func:`retain` (only the entries of live fragments).
 
 :func:`repack` and :func:`reseal` stream one file into another a chunk at a time through
 :func:`_copy` (a temp file O_EXCL 0600, fsync, rename, fsync dir); :func:`retain` reads the whole
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from ...errors import MemoriesError
 from ...vault import fsio
 from ...vault.format import fsync_dir
 from .chunks import Chunk, encode_chunk, narrowest
@@ -171,6 +174,26 @@ def repack(store: VectorStore) -> int | None:
         store.file_encoding = store.encoding
         store._read_entries, store._read_chunks = out.entries, out.chunks
         return out.entries
+
+
+def repack_after_load(store: VectorStore) -> None:
+    """:func:`repack`, run in the background after the load that answers the first search (a
+    version-1 file, rows written at another precision, or many small appended chunks), so the next
+    unlock copies rows as stored. Holds only the sidecar's own lock (an append waits for it); the
+    vector space's ``close`` (lock) waits for it to end, once per file, so a quick lock after the
+    first search does not leave the file unpacked. A failure leaves the old file as it was."""
+    t0 = time.perf_counter()
+    try:
+        done = repack(store)
+    except MemoriesError as exc:
+        log.warning("vector cache %s was not rewritten (%s)", store.path.name, exc.code)
+        return
+    except Exception as exc:  # noqa: BLE001 - the key wiped by a lock: the old file stays
+        log.info("vector cache %s was not rewritten (%s)", store.path.name, type(exc).__name__)
+        return
+    if done is not None:
+        log.info("vector cache %s rewritten in %s: %d vectors in %.2f s", store.path.name,
+                 store.encoding, done, time.perf_counter() - t0)
 
 
 def reseal(source: VectorStore, target: VectorStore, rename: Mapping[str, str]) -> tuple[int, int] | None:

@@ -11,15 +11,15 @@ precision (int8 by default), so a chunk at a time they are matched in bulk to th
 restored lexical snapshot holds and copied in as stored (:mod:`~memoriesd.index.vectors.load`);
 vault changes embed only fragments whose key is new. A sidecar of the old scheme (keys from the
 fragment fingerprint and title) is re-keyed once on attach and rewritten, without re-embedding; a
-version-1 sidecar (float32 rows) is rewritten once in the index's precision. Whole-vault functions
+version-1 sidecar (float32 rows) is rewritten once in the index's precision. Vectors kept for reuse
+outside the index (spares, and the fragment holding each key) are in
+:mod:`~memoriesd.index.vectors.spares`. Whole-vault functions
 (``vault compact``'s :func:`compact_vectors`, ``rag status``'s :func:`sealed_status`) are in
 :mod:`~memoriesd.index.vectors.maintenance`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import logging
 import os
 import threading
@@ -35,15 +35,16 @@ from ...text.fragments import Fragment
 from ...vault import crypto
 from ..docs import IndexedDoc, embed_input
 from .chunks import CONTENT_KEY_HEX, encoding_of_precision
-from .load import SidecarMatch, short_keys
+from .load import SidecarMatch, key_arrays
 from .maintenance import (
     register_space,
     sidecar_id,
 )
 from .matrix import VectorIndex, check_vector_cap
 from .names import content_key, entry_key, is_legacy_key, rekeyed, sidecar_path
-from .rewrite import repack, retain
+from .rewrite import repack_after_load, retain
 from .sidecar import VectorStore
+from .spares import Holders, Spares
 from .windows import search_with_windows
 
 if TYPE_CHECKING:
@@ -79,24 +80,6 @@ BATCH_FRAGMENTS = 32
 #: Benchmark switch only (``bench/bench_first_search.py`` measures before/after in one run): load
 #: the sidecar whole, decoded to float32, as before streaming. Never set it otherwise.
 _WHOLE_FILE_LOAD = os.environ.get("MEMORIES_BENCH_WHOLE_FILE_VECTORS") == "1"
-#: Spare vectors (not used by a live fragment) kept in memory, as a share of max_vector_mib.
-SPARE_SHARE = 0.25
-
-
-_KEY_DTYPE = np.dtype(f"S{CONTENT_KEY_HEX}")
-
-
-def _key_arrays(keys: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(fids int64, content keys S32)`` of a fid -> key map."""
-    return (np.fromiter(keys.keys(), dtype=np.int64, count=len(keys)),
-            np.array(list(keys.values()), dtype=_KEY_DTYPE) if keys else np.empty(0, dtype=_KEY_DTYPE))
-
-
-def _key_hashes(keys: Sequence[str]) -> np.ndarray:
-    """Sorted unique 8-byte hashes of entry keys (for :attr:`VectorSpace._evicted`)."""
-    return np.unique(np.fromiter(
-        (int.from_bytes(hashlib.blake2b(k.encode("utf-8"), digest_size=8).digest(), "little") for k in keys),
-        dtype=np.uint64, count=len(keys)))
 
 
 class VectorSpace:
@@ -121,23 +104,12 @@ class VectorSpace:
         )
         self.index = VectorIndex(dims, max_vector_mib=max_vector_mib, precision=vault_index.cache_cfg.vector_precision)
         self.skipped: set[str] = set()  # content keys of fragments the model cannot embed (this unlock)
-        # Spare vectors by content key: sealed or recently dropped ones that no live fragment uses now
-        # (kept for a fragment that comes back, e.g. an edit undone). Never the live ones (the index
-        # holds those), and at most SPARE_SHARE of max_vector_mib; None until the sidecar is read.
-        self._known: dict[str, np.ndarray] | None = None
-        # Content key (its first 64 bits, ~8 MiB per 100,000 fragments) -> a fragment in the index
-        # with that vector, so a fragment with the same model input (a passage in two notes) reuses
-        # it instead of being embedded again; a reuse checks the holder's full key. An entry whose
-        # fragment left the index is stale and ignored (frag ids are never reused).
-        self._holder: dict[int, int] = {}
-        # Sealed vectors held neither by the index nor as spares (trimmed): 8-byte hashes of their
-        # keys, sorted, so attach() re-reads the sidecar only for a key it may hold, not for every
-        # new text. A superset is harmless (one needless read); unknown (drop() without keys) is
-        # _known_partial, which re-reads on any miss.
-        self._evicted = np.empty(0, dtype=np.uint64)
-        self._known_partial = False
+        # Spare vectors (no live fragment uses them now) and the fragment holding each content key,
+        # so a key that comes back reuses its vector (:mod:`memoriesd.index.vectors.spares`).
+        self.spares = Spares(dims, max_vector_mib)
+        self.holders = Holders(self.index)
         self.lock = threading.RLock()
-        self._repacker: threading.Thread | None = None  # the background rewrite after a load (_repack)
+        self._repacker: threading.Thread | None = None  # the background rewrite after a load (repack_after_load)
         register_space(store, self._sealer, identity, dims)
 
     # ------------------------------------------------------------------ keys
@@ -161,42 +133,15 @@ class VectorSpace:
         title, text = embed_input(doc, frag)
         return (title, text), content_key(self._fp_key, title, text)
 
-    @staticmethod
-    def _short(key: str) -> int:
-        return int(key[:16], 16)
-
-    def _is_held(self, key: str) -> bool:
-        """Whether a fragment in the index may have ``key`` (not checked: for bookkeeping only)."""
-        fid = self._holder.get(self._short(key))
-        return fid is not None and fid in self.index
-
     def _held(self, vault_index: IndexedFragments, key: str) -> np.ndarray | None:
         """The vector of ``key`` if a fragment in the index has exactly that key."""
-        fid = self._holder.get(self._short(key))
-        if fid is None or fid not in self.index:
+        fid = self.holders.holder(key)
+        if fid is None:
             return None
         got = vault_index.get_fragment(fid)
         if got is None or self._input_key(*got)[1] != key:
             return None
         return self.index.get(fid)
-
-    def _hold_arrays(self, fids: np.ndarray, keys: np.ndarray) -> None:
-        """:meth:`_hold` of a load's (fid, S32 key) arrays: in bulk when nothing is held yet."""
-        if self._holder:
-            self._hold(list(zip(fids.tolist(), keys.astype("U").tolist(), strict=True)))
-        else:
-            self._holder = dict(zip(short_keys(keys).tolist(), fids.tolist(), strict=True))
-
-    def _hold(self, pairs: Sequence[tuple[int, str]]) -> None:
-        if not self._holder:  # the first load: every pair (a key held twice keeps either fragment)
-            self._holder = {int(key[:16], 16): fid for fid, key in pairs}
-            return
-        for fid, key in pairs:
-            old = self._holder.get(self._short(key))
-            if old is None or old not in self.index:
-                self._holder[self._short(key)] = fid
-        if len(self._holder) > 2 * len(self.index) + 1024:  # stale entries (fragments left the index)
-            self._holder = {k: f for k, f in self._holder.items() if f in self.index}
 
     # ------------------------------------------------------------------ loading
 
@@ -213,29 +158,27 @@ class VectorSpace:
                 self.index.remove([fid for fid in self.index.keys() if fid not in live_set])
             if not missing:
                 return
-            first = self._known is None
+            first = self.spares.vecs is None
             # The first load asks for every live fragment: their keys in bulk, as arrays.
             bulk = self._bulk_keys(vault_index, missing) if first and not _WHOLE_FILE_LOAD else None
             keys = self._keys_of(vault_index, missing) if bulk is None else None
-            if first or self._may_be_sealed(
-                [k for k in (keys or {}).values() if (self._known is None or k not in self._known) and not self._is_held(k)]
+            if first or self.spares.may_be_sealed(
+                [k for k in (keys or {}).values() if self.spares.get(k) is None and not self.holders.is_held(k)]
             ):
                 t0 = time.perf_counter()
-                added = None if _WHOLE_FILE_LOAD else self._stream(bulk if bulk is not None else _key_arrays(keys or {}))
+                added = None if _WHOLE_FILE_LOAD else self._stream(bulk if bulk is not None else key_arrays(keys or {}))
                 if added is None:  # the whole-file path: an old-scheme sidecar to re-key (or the benchmark's switch)
                     if keys is None:
                         keys = self._keys_of(vault_index, missing)
                     loaded = self._load(vault_index, keys)
                     added = len(loaded)
                     # Spares only: what the index already holds is not kept twice.
-                    self._known = {k: v for k, v in loaded.items() if not self._is_held(k)}
-                    self._evicted = np.empty(0, dtype=np.uint64)
-                    self._known_partial = False
+                    self.spares.start({k: v for k, v in loaded.items() if not self.holders.is_held(k)})
                 log.info("vault %s: loaded %d sealed vectors in %.3f s", vault_index.vault_id, added, time.perf_counter() - t0)
-            assert self._known is not None
+            assert self.spares.vecs is not None
             missing = self.index.absent(missing)
             if not missing:
-                self._trim_spares()
+                self.spares.trim()
                 return
             if keys is None:
                 keys = self._keys_of(vault_index, missing)
@@ -243,7 +186,7 @@ class VectorSpace:
             found_vecs = []
             for fid in missing:
                 key = keys[fid]
-                vec = self._known.get(key)
+                vec = self.spares.get(key)
                 if vec is None:
                     vec = self._held(vault_index, key)
                 if vec is not None and vec.shape == (self.dims,):
@@ -253,9 +196,9 @@ class VectorSpace:
                 check_vector_cap(len(self.index) + len(found), self.dims, self.max_vector_mib, self.index.precision)
                 self.index.add([fid for fid, _ in found], found_vecs)  # rows encoded a block at a time: no full copy
                 for _, key in found:
-                    self._known.pop(key, None)
-                self._hold(found)
-            self._trim_spares()
+                    self.spares.take(key)
+                self.holders.hold(found)
+            self.spares.trim()
 
     def _bulk_keys(self, vault_index: IndexedFragments, missing: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """``(fids, S32 content keys)`` of ``missing`` (every live fragment, at the first load):
@@ -263,12 +206,12 @@ class VectorSpace:
         keeper = getattr(vault_index, "keeper", None)
         fids, joined = keeper.content_key_runs(vault_index) if keeper is not None else ([], "")
         if len(fids) == len(missing) and not len(self.index):  # all of them (the usual case)
-            return np.asarray(fids, dtype=np.int64), np.frombuffer(joined.encode("ascii"), dtype=_KEY_DTYPE)
+            return np.asarray(fids, dtype=np.int64), np.frombuffer(joined.encode("ascii"), dtype=f"S{CONTENT_KEY_HEX}")
         want = set(missing)
         pairs = [(f, joined[i * CONTENT_KEY_HEX : (i + 1) * CONTENT_KEY_HEX]) for i, f in enumerate(fids) if f in want]
         have = {f for f, _ in pairs}
         pairs += [(f, self.key_of(vault_index, f)) for f in missing if f not in have]
-        return _key_arrays(dict(pairs))
+        return key_arrays(dict(pairs))
 
     def _keys_of(self, vault_index: IndexedFragments, frag_ids: Sequence[int]) -> dict[int, str]:
         """Content keys of live fragments (:meth:`key_of`), those the restored snapshot holds in bulk."""
@@ -284,54 +227,34 @@ class VectorSpace:
         holds old-scheme keys (the caller then takes the whole-file path, which re-keys it). A
         damaged file adds nothing. A file with rows wider than the index's (version 1, or another
         precision) is rewritten once in the index's encoding. Caller holds the lock; ``keys``: the
-        missing fragments and their content keys (:func:`_key_arrays`)."""
-        self._known = {}
-        self._evicted = np.empty(0, dtype=np.uint64)
-        self._known_partial = False
-        known = self._known
+        missing fragments and their content keys (:func:`~memoriesd.index.vectors.load.key_arrays`)."""
+        known = self.spares.start()
 
         def spare(chunk_keys: list[str], rows: np.ndarray) -> None:
             for key, row in zip(chunk_keys, rows, strict=True):
-                if not is_legacy_key(key) and not self._is_held(key):
+                if not is_legacy_key(key) and not self.holders.is_held(key):
                     known.pop(key, None)  # a later duplicate wins, and counts as the newest
                     known[key] = row
-            if len(known) > self._spare_budget():
-                self._trim_spares()
+            if len(known) > self.spares.budget:
+                self.spares.trim()
 
         match = SidecarMatch(keys, self.dims, self.index.precision, spare)
         ok = self.sidecar.scan_chunks(match.take)
         if match.legacy or not ok:
-            self._known = {} if not match.legacy else None
-            self._evicted = np.empty(0, dtype=np.uint64)
+            self.spares.start()
+            if match.legacy:
+                self.spares.vecs = None
             return None if match.legacy else 0
         got = match.result()
         if got.fids:
             check_vector_cap(len(self.index) + len(got.fids), self.dims, self.max_vector_mib, self.index.precision)
             self.index.add_encoded(got.fids, self.index.precision, got.rows, got.scales, adopt=True)
-            self._hold_arrays(got.pair_fids, got.pair_keys)
+            self.holders.hold_arrays(got.pair_fids, got.pair_keys)
         if self.sidecar.needs_repack and self._repacker is None:
-            self._repacker = threading.Thread(target=self._repack, name="memoriesd-vecrepack", daemon=True)
+            # In the background, after the load that answers the search; close() (lock) waits for it.
+            self._repacker = threading.Thread(target=repack_after_load, args=(self.sidecar,), name="memoriesd-vecrepack", daemon=True)
             self._repacker.start()
         return got.seen
-
-    def _repack(self) -> None:
-        """In the background, after the load that answers the search: rewrite the sidecar once in
-        the index's encoding, in full chunks (a version-1 file, rows written at another precision,
-        or many small appended chunks), so the next unlock copies rows as stored. Holds only the
-        sidecar's own lock (an append waits for it); :meth:`close` (lock) waits for it to end, once
-        per file, so a quick lock after the first search does not leave the file unpacked."""
-        t0 = time.perf_counter()
-        try:
-            done = repack(self.sidecar)
-        except MemoriesError as exc:
-            log.warning("vector cache %s was not rewritten (%s)", self.sidecar.path.name, exc.code)
-            return
-        except Exception as exc:  # noqa: BLE001 - the key wiped by a lock: the old file stays
-            log.info("vector cache %s was not rewritten (%s)", self.sidecar.path.name, type(exc).__name__)
-            return
-        if done is not None:
-            log.info("vector cache %s rewritten in %s: %d vectors in %.2f s", self.sidecar.path.name,
-                     self.sidecar.encoding, done, time.perf_counter() - t0)
 
     def _load(self, vault_index: IndexedFragments, keys: dict[int, str]) -> dict[str, np.ndarray]:
         """The sidecar's vectors by content key. A sidecar of the old scheme (fingerprint + title
@@ -359,32 +282,9 @@ class VectorSpace:
                  vault_index.vault_id, legacy, legacy - (len(out) - (len(loaded) - legacy)))
         return out
 
-    def _spare_budget(self) -> int:
-        return int(self.max_vector_mib * 1024 * 1024 * SPARE_SHARE) // max(1, self.dims * 4)
-
-    def _trim_spares(self) -> None:
-        """Keep at most SPARE_SHARE of ``max_vector_mib`` of spare vectors (the newest)."""
-        if self._known is None:
-            return
-        budget = self._spare_budget()
-        if len(self._known) > budget:
-            drop = len(self._known) - budget
-            gone = list(itertools.islice(self._known, drop))
-            for k in gone:
-                del self._known[k]
-            self._evicted = np.union1d(self._evicted, _key_hashes(gone))
-
-    def _may_be_sealed(self, keys: Sequence[str]) -> bool:
-        """Whether the sidecar may hold a vector for one of ``keys`` that memory does not."""
-        if not keys:
-            return False
-        if self._known_partial:
-            return True
-        return bool(self._evicted.size) and bool(np.isin(_key_hashes(keys), self._evicted, assume_unique=False).any())
-
     @property
     def spare_count(self) -> int:
-        return 0 if self._known is None else len(self._known)
+        return self.spares.count
 
     def drop(self, frag_ids: Sequence[int], keys: Sequence[str] | None = None) -> None:
         """Forget fragments that left the index; with their content ``keys``, their vectors become
@@ -392,16 +292,14 @@ class VectorSpace:
         with self.lock:
             if keys is not None:
                 for fid, key in zip(frag_ids, keys, strict=True):
-                    if self._holder.get(self._short(key)) == fid:
-                        del self._holder[self._short(key)]
-                    vec = self.index.get(fid) if self._known is not None else None
-                    if vec is not None and self._known is not None:
-                        self._known.pop(key, None)
-                        self._known[key] = np.array(vec, dtype=np.float32)
+                    self.holders.release(fid, key)
+                    vec = self.index.get(fid) if self.spares.vecs is not None else None
+                    if vec is not None:
+                        self.spares.put(key, np.array(vec, dtype=np.float32))
             else:
-                self._known_partial = True
+                self.spares.partial = True
             self.index.remove(frag_ids)
-            self._trim_spares()
+            self.spares.trim()
 
     def retain(self, keep: Collection[str], rename: dict[str, str] | None = None) -> tuple[int, int] | None:
         """Compaction: keep only vectors whose content key is in ``keep``, on disk and among the
@@ -409,8 +307,7 @@ class VectorSpace:
         sidecar of the old scheme that was not loaded yet."""
         with self.lock:
             result = retain(self.sidecar, keep, rename)
-            if self._known is not None:
-                self._known = {k: v for k, v in self._known.items() if k in keep}
+            self.spares.keep_only(keep)
             return result
 
     def missing(self, vault_index: IndexedFragments) -> list[int]:
@@ -462,8 +359,8 @@ class VectorSpace:
                     if key in reuse or key in todo:
                         continue
                     vec = self._held(vault_index, key)
-                    if vec is None and self._known is not None:
-                        vec = self._known.get(key)
+                    if vec is None:
+                        vec = self.spares.get(key)
                     if vec is not None:
                         reuse[key] = vec
                     else:
@@ -494,18 +391,16 @@ class VectorSpace:
                         continue
                     kept += 1
                     if vault_index.get_fragment(fid) is not None:  # live now: not a spare
-                        if self._known is not None:
-                            self._known.pop(key, None)
+                        self.spares.take(key)
                         if fid not in self.index:
                             live.append((fid, key))
                             live_vecs.append(v)
-                    elif key in new and self._known is not None:  # its record changed meanwhile: a spare
-                        self._known.pop(key, None)
-                        self._known[key] = v
+                    elif key in new:  # its record changed meanwhile: a spare
+                        self.spares.put(key, v)
                 if live:
                     self.index.add([f for f, _ in live], np.stack(live_vecs))
-                    self._hold(live)
-                self._trim_spares()
+                    self.holders.hold(live)
+                self.spares.trim()
             done += kept
             if on_batch is not None:
                 on_batch(done)
@@ -584,9 +479,8 @@ class VectorSpace:
             log.info("vector cache %s: lock waited %.2f s for its rewrite", self.sidecar.path.name, time.perf_counter() - t0)
         with self.lock:
             self.index.clear()
-            self._known = None
-            self._holder = {}
-            self._evicted = np.empty(0, dtype=np.uint64)
+            self.spares.clear()
+            self.holders.clear()
             self._sealer.wipe()
             crypto.wipe(self._fp_key)
 
