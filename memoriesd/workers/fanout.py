@@ -38,7 +38,9 @@ class VaultWide:
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._asking = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="memoriesd-ask")
+        self._asking = concurrent.futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix="memoriesd-ask"
+        )
 
     def handlers(self) -> dict[str, Handler]:
         """Method name -> the router's handler, in place of the one the method table declares."""
@@ -79,13 +81,17 @@ class VaultWide:
         futures = {v: self._asking.submit(self._status, w) for v, w in live.items()}
         return {v: (futures[v].result() if v in futures else None) for v in vault_ids}
 
-    def _ask_all(self, ws: list[Worker], name: str, params: dict[str, Any] | None) -> list[tuple[Worker, object]]:
+    def _ask_all(
+        self, ws: list[Worker], name: str, params: dict[str, Any] | None
+    ) -> list[tuple[Worker, object]]:
         """Ask every worker at once (``params`` None: its own vault); each answer, or the exception it
         raised (a timeout for a frozen one)."""
 
         def one(w: Worker) -> object:
             try:
-                return self.ask(w, name, {"vault": w.vault_id} if params is None else params, STATUS_SECONDS * 2)
+                return self.ask(
+                    w, name, {"vault": w.vault_id} if params is None else params, STATUS_SECONDS * 2
+                )
             except (OSError, ConnectionError, MemoriesError) as exc:
                 return exc
 
@@ -106,7 +112,9 @@ class VaultWide:
         if status is not None and "name" in status:
             return status
         info = vault_methods.vault_info(app, vault_id)
-        if status is not None:  # a busy or frozen process: its vault is unlocked, its counts unknown right now
+        if (
+            status is not None
+        ):  # a busy or frozen process: its vault is unlocked, its counts unknown right now
             info["locked"] = status["locked"]
         return info
 
@@ -122,7 +130,10 @@ class VaultWide:
         if ctx.params.flag("all", False):
             ws = router.workers()
             results: dict[str, bool] = {}
-            threads = [threading.Thread(target=lambda w=w: results.__setitem__(w.vault_id, router.lock(w.vault_id))) for w in ws]
+            threads = [
+                threading.Thread(target=lambda w=w: results.__setitem__(w.vault_id, router.lock(w.vault_id)))
+                for w in ws
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -152,7 +163,9 @@ class VaultWide:
         out = vault_methods.daemon_status(app, ctx)
         ws = self.router.workers()
         statuses = self._statuses([w.vault_id for w in ws])
-        out["unlocked"] = [w.vault_id for w in ws if (st := statuses[w.vault_id]) is not None and not st["locked"]]
+        out["unlocked"] = [
+            w.vault_id for w in ws if (st := statuses[w.vault_id]) is not None and not st["locked"]
+        ]
         out["vault_processes"] = [{"vault_id": w.vault_id, "pid": w.proc.pid} for w in ws]
         out["spare_process"] = self.router.spare_pid()
         out["model_process"] = self.router.model.pid
@@ -211,7 +224,11 @@ class VaultWide:
                 raise res
             served += isinstance(res, MemoriesError)
         locked = served < len(vaults)
-        hint = " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)" if locked else ""
+        hint = (
+            " (its vault may be locked: unlock it with `memories vault unlock VAULT_ID` and retry)"
+            if locked
+            else ""
+        )
         raise NotFound(f"no grant {grant_id} in any unlocked vault{hint}: see `memories grant list`")
 
     def _declared(self, name: str) -> Handler:
