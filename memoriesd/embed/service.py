@@ -319,12 +319,17 @@ class EmbeddingService:
 
     @contextlib.contextmanager
     def _embedding(self, embedder: Embedder, *, foreground: bool) -> Iterator[None]:
-        """The embedding lock; a foreground holder or waiter makes background batches wait."""
+        """The embedding lock; a foreground holder or waiter makes background batches wait.
+
+        An embedder served by the model process (``queued``) takes no lock here: the model process
+        orders every vault's work by one policy (:mod:`memoriesd.embed.schedule`), and a query held
+        here behind this vault's own batch (itself waiting there for another vault) would wait for both."""
         if foreground:
             with self._foreground_lock:
                 self._foreground += 1
         try:
-            with self._embed_lock:
+            queued = bool(getattr(embedder, "queued", False))  # ModelClient: the workers layer, above this one
+            with contextlib.nullcontext() if queued else self._embed_lock:
                 if not embedder.remote:
                     self._local_used = time.monotonic()  # a long pass keeps its model loaded
                 yield

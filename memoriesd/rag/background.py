@@ -8,6 +8,10 @@ to disk as every batch is. It does not count as use of the vault: auto-lock stil
 vault, which pauses its job until the next unlock. A vault change during a chunk only drops that
 chunk; the job goes on with the new content. ``rag index`` attaches to the job instead of running
 a second pass beside it; ``rag status`` shows its state, rate and ETA.
+
+Which vault goes first — here, when one process queues several vaults, and in the model process,
+which serves every vault's process — is decided by one policy, :mod:`memoriesd.embed.schedule`:
+each chunk tells the model process the vault's backlog and how long ago it was used.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..embed.schedule import BACKGROUND, FOREGROUND, Hint, hinted, rank
 from ..errors import Cancelled, MemoriesError, VaultLocked
 from ..index.upkeep import LexicalUpkeep
 from .vector_view import ViewEngine
@@ -34,6 +39,10 @@ log = logging.getLogger("memoriesd.indexing")
 
 #: Fragments per background chunk: small, so lock and queries wait little behind it.
 CHUNK_FRAGMENTS = 8
+#: A chunk is the longest :data:`CHUNK_FRAGMENTS` of the first this-many missing fragments: fragments of
+#: like length in one batch pad less (in input order a chunk of 8 padded 25-44% more tokens; see
+#: docs/benchmarks.md "Embedding throughput"), and the short ones left behind batch together later.
+CHUNK_WINDOW = 64
 #: Tests only: while the file this variable names exists, the worker holds each chunk before it embeds
 #: (its job stays "running", its lease held, lock and stop still cancel it), so a test can search, lock
 #: or auto-lock a vault mid-indexing whatever the machine's speed. Never set it otherwise.
@@ -116,6 +125,7 @@ class BackgroundIndexer:
         self.engine = engine
         self._cond = threading.Condition()
         self._queue: OrderedDict[str, None] = OrderedDict()
+        self._urgent: set[str] = set()  # queued by `rag index`: someone waits for it
         self._jobs: dict[str, Job] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -141,7 +151,7 @@ class BackgroundIndexer:
                 self._jobs[vault_id] = job = Job(vault_id, embedded=job.embedded if job else 0, total=job.total if job else 0)
             self._queue[vault_id] = None
             if first:
-                self._queue.move_to_end(vault_id, last=False)
+                self._urgent.add(vault_id)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="memoriesd-background-index", daemon=True)
                 self._thread.start()
@@ -177,6 +187,7 @@ class BackgroundIndexer:
     def _paused(self, vault_id: str) -> None:
         with self._cond:
             self._queue.pop(vault_id, None)
+            self._urgent.discard(vault_id)
             job = self._jobs.get(vault_id)
             if job is not None and job.state in ("queued", "running"):
                 job.state = "paused"
@@ -192,7 +203,7 @@ class BackgroundIndexer:
                     self._cond.wait(5.0)
                 if self._stop.is_set():
                     return
-                vault_id = next(iter(self._queue))
+                vault_id = self._next()
             try:
                 finished = self._step(vault_id)
             except Exception:  # never let the worker die: the next request restarts work
@@ -202,7 +213,23 @@ class BackgroundIndexer:
             if finished:
                 with self._cond:
                     self._queue.pop(vault_id, None)
+                    self._urgent.discard(vault_id)
                     self._cond.notify_all()
+
+    def _hint(self, vault_id: str, backlog: int | None = None) -> Hint:
+        """The schedule's view of a queued vault: `rag index` waits for it, its backlog, its last use."""
+        live = self.app.vaults.live(vault_id)
+        idle = time.monotonic() - live.last_used if live is not None else float("inf")
+        if backlog is None:
+            job = self._jobs.get(vault_id)
+            backlog = job.remaining if job is not None and job.total else 0  # not counted yet: one chunk counts it
+        return Hint(FOREGROUND if vault_id in self._urgent else BACKGROUND, backlog, idle)
+
+    def _next(self) -> str:
+        """Caller holds ``_cond``. The queued vault to work on next, by :func:`memoriesd.embed.schedule.rank`
+        (chosen again after every chunk, so a vault queued later can go first)."""
+        order = list(self._queue)
+        return min(order, key=lambda v: (rank(self._hint(v)), order.index(v)))
 
     def _set(self, vault_id: str, **fields: object) -> None:
         with self._cond:
@@ -257,8 +284,12 @@ class BackgroundIndexer:
             return True
         _hold_for_tests(ctx)
         t0 = time.monotonic()
+        with self._cond:
+            hint = self._hint(vault_id, backlog=max(0, missing - CHUNK_FRAGMENTS))
+        todo = like_lengths(view.missing()[:CHUNK_WINDOW], view.idx, CHUNK_FRAGMENTS)
         try:
-            n = view.ensure(ctx, limit=CHUNK_FRAGMENTS, background=True).embedded
+            with hinted(hint):  # read by the model process's client: this vault's place in the queue
+                n = view.embed(todo, ctx, background=True)
         except Cancelled:
             if not live.is_open or self._stop.is_set():
                 self._paused(vault_id)
@@ -272,6 +303,18 @@ class BackgroundIndexer:
             job.embedded = min(job.total, job.embedded + n)
             self._cond.notify_all()
         return False
+
+
+def like_lengths(window: list[int], idx: VaultIndex, count: int) -> list[int]:
+    """The ``count`` longest fragments of ``window`` (by characters, a stand-in for tokens), in id order."""
+    if len(window) <= count:
+        return window
+
+    def length(fid: int) -> int:
+        got = idx.get_fragment(fid)
+        return len(got[1].text) if got is not None else 0
+
+    return sorted(sorted(window, key=lambda fid: (-length(fid), fid))[:count])
 
 
 def _hold_for_tests(ctx: _Work) -> None:

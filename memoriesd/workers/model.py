@@ -8,7 +8,9 @@ lock, no live process of the daemon holds any text of that vault, this one inclu
 request starts a fresh one.
 
 Each connection is served by its own thread and onnxruntime's ``run`` is thread-safe, so one vault's
-query never waits behind another vault's batch of documents.
+query never waits behind another vault's batch of documents. Batches of documents run one at a time,
+in the order :class:`memoriesd.embed.schedule.EmbedQueue` decides (the fairness policy: the vault in
+use, then small vaults before large ones).
 
 It ends when its stdin closes (the router is gone), on SIGTERM, or after ``[embedding.local] idle_minutes``
 without a request. Its stdout says ``ready`` once the model is loaded and self-checked, or
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # before onnxruntime can be imported
 
 from ..config import LocalModelConfig  # noqa: E402
+from ..embed.schedule import FOREGROUND, LANES, EmbedQueue, Hint  # noqa: E402
 from ..errors import InvalidParams, MemoriesError, UnknownMethod  # noqa: E402
 from ..server import protocol  # noqa: E402
 from .process import bound_heap, harden  # noqa: E402
@@ -48,6 +51,9 @@ log = logging.getLogger("memoriesd.model")
 
 #: Texts in one request at most (a batch of the vault's embedding pass is far smaller).
 MAX_TEXTS = 4096
+#: Tests only: the file this variable names gets one line per batch of documents as it starts
+#: (``vault lane backlog``: no content), so a test reads the queue's order, not its timing.
+ORDER_ENV = "MEMORIES_TEST_EMBED_ORDER"
 
 
 def vectors_payload(vecs: npt.ArrayLike) -> dict[str, Any]:
@@ -55,6 +61,25 @@ def vectors_payload(vecs: npt.ArrayLike) -> dict[str, Any]:
 
     arr = np.ascontiguousarray(vecs, dtype="<f4")
     return {"rows": int(arr.shape[0]), "dims": int(arr.shape[1]), "vectors": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def _hint(params: dict[str, Any]) -> tuple[str, Hint]:
+    """The vault and the scheduling hint a request carries (see :mod:`memoriesd.embed.schedule`)."""
+    lane = params.get("lane", FOREGROUND)
+    backlog = params.get("backlog", 0)
+    idle = params.get("idle_seconds", 0.0)
+    return str(params.get("vault") or ""), Hint(
+        lane if lane in LANES else FOREGROUND,
+        backlog if isinstance(backlog, int) and not isinstance(backlog, bool) else 0,
+        float(idle) if isinstance(idle, (int, float)) and not isinstance(idle, bool) else 0.0,
+    )
+
+
+def _record_order(vault: str, hint: Hint) -> None:
+    path = os.environ.get(ORDER_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{vault} {hint.lane} {hint.backlog}\n")
 
 
 def _texts(params: dict[str, Any], key: str) -> list[Any]:
@@ -75,6 +100,7 @@ class ModelServer:
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self.uid = os.getuid()
+        self.queue = EmbedQueue()
 
     def info(self) -> dict[str, Any]:
         e = self.embedder
@@ -85,11 +111,16 @@ class ModelServer:
         if method == "model.info":
             return self.info()
         if method == "model.embed":
-            if params.get("kind") == "query":
+            vault, hint = _hint(params)
+            if params.get("kind") == "query":  # never queued (the policy's first rule)
                 texts = [str(t) for t in _texts(params, "texts")]
+                if vault:
+                    self.queue.used(vault)
                 return vectors_payload(self.embedder.embed_queries(texts))
             items = [(None if it[0] is None else str(it[0]), str(it[1])) for it in _texts(params, "items")]
-            return vectors_payload(self.embedder.embed_documents(items))
+            with self.queue.turn(vault, hint):
+                _record_order(vault, hint)
+                return vectors_payload(self.embedder.embed_documents(items))
         if method == "model.count":
             return {"counts": [self.embedder.count_tokens(str(t)) for t in _texts(params, "texts")]}
         raise UnknownMethod(f"unknown method {method!r} for the model process")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..embed.profile import ModelProfile
+from ..embed.schedule import QUERY, Hint, current_hint
 from ..embed.types import Check, DocumentItem
 from ..errors import InvalidModelOutput, MemoriesError, ModelUnavailable
 from ..home import Home
@@ -81,6 +82,9 @@ class ModelClient:
     """An embedder served by the model process (see :mod:`memoriesd.workers.model`)."""
 
     remote = False  # on this device (memoriesd.embed.types.Embedder): no device policy, before_attempt unused
+    #: The model process orders the work of every vault (memoriesd.embed.schedule): the vault's own
+    #: embedding lock is not taken around these calls (a query would wait behind the vault's queued batch).
+    queued = True
 
     def __init__(self, home: Home, vault_id: str) -> None:
         self.home = home
@@ -125,12 +129,20 @@ class ModelClient:
         raw = base64.b64decode(out["vectors"])
         return np.frombuffer(raw, dtype="<f4").reshape(int(out["rows"]), int(out["dims"])).astype(np.float32)
 
+    def _hint(self, hint: Hint) -> dict[str, Any]:
+        """What the model process's queue reads (memoriesd.embed.schedule): the vault, the lane, counts."""
+        return {"vault": self.vault_id, "lane": hint.lane, "backlog": hint.backlog, "idle_seconds": hint.idle_seconds}
+
     def embed_queries(self, texts: Sequence[str], *, before_attempt: Check | None = None) -> np.ndarray:
-        return self._vectors(self._call("model.embed", {"kind": "query", "texts": list(texts)}))
+        params = {"kind": "query", "texts": list(texts), **self._hint(Hint(QUERY))}
+        return self._vectors(self._call("model.embed", params))
 
     def embed_documents(self, items: Sequence[DocumentItem], *, before_attempt: Check | None = None) -> np.ndarray:
+        """Fragments (document prompt); the background indexer's hint (:func:`memoriesd.embed.schedule.hinted`)
+        travels along, else the batch is foreground work."""
         pairs = [[title, text] for title, text in items]
-        return self._vectors(self._call("model.embed", {"kind": "document", "items": pairs}))
+        hint = current_hint() or Hint()
+        return self._vectors(self._call("model.embed", {"kind": "document", "items": pairs, **self._hint(hint)}))
 
     def count_tokens(self, text: str) -> int:
         return int(self._call("model.count", {"texts": [text]})["counts"][0])
