@@ -18,10 +18,17 @@ of the product's 768-character fragments, 128 overlap, embedded as ``(title, fra
   the rounds of all these settings interleave, so load that changes during the run hits all alike;
 - length-bucketed vs naive fixed batches in input order (padding, speed-up, agreement);
 - single-query embedding latency p50/p95 (the set's queries);
-- exact top-100 cosine search over 10,000 x 768 random unit vectors, with and without a filter.
+- exact top-100 cosine search over 10,000 x 768 random unit vectors, with and without a filter;
+- ``--sessions``: bare sessions of every :class:`memoriesd.embed.types.SessionSetting` in
+  ``bench/embed_sessions.py`` (threads, execution mode, optimisation level, spinning) on the same
+  length-sorted batches, and the product's own setting; ``--model-process``: the daemon's path (a
+  model process, one request per background chunk) against the best bare setting on the same
+  batches; ``--ndcg DOCS``: SciFact-subset nDCG@10 of each ``--model-dir`` (repeatable: fp32 and Q4
+  in one run, with the cosine agreement of their vectors). ``--skip-main`` runs only these.
 
 Usage: .venv/bin/python -m bench.bench_embed [--model-dir DIR] [--set scifact|xquad-zh|both]
        [--limit 300] [--threads N] [--rounds 3] [--threads-sweep] [--batch-sweep] [--budgets 1024,...]
+       [--sessions] [--model-process] [--ndcg 300] [--skip-main]
 """
 
 from __future__ import annotations
@@ -337,9 +344,53 @@ def sweep_threads(cores: int) -> list[int]:
     return sorted({1, min(2, cores), cores})
 
 
+def extras(args: argparse.Namespace, model_dir: Path, threads: int, cores: int) -> dict[str, Any]:
+    """``--sessions``, ``--model-process`` and ``--ndcg`` for one model directory (SciFact fragments)."""
+    from bench import embed_sessions as es
+
+    emb = LocalEmbedder(model_dir, threads=threads)
+    graph = find_graph(model_dir)
+    assert graph is not None
+    out: dict[str, Any] = {"model_dir": str(model_dir), "product_setting": es.asdict(emb.setting)}
+    inp = prepare(emb, "scifact", args.limit, 0)
+    lengths = inp.lengths
+    best = emb.setting
+    if args.sessions:
+        plan = plan_batches(lengths, args.batch_tokens)
+        feeds = es.feeds_for(inp.seqs, plan, emb._pad_id, emb._feed_token_types)
+        settings = es.default_settings(cores)
+        rows = es.sweep_sessions(graph, settings, feeds, len(inp.items), inp.tokens, max(1, args.rounds))
+        top = max(rows, key=lambda r: r.fragments_per_s)
+        best = top.setting
+        out["sessions"] = {"fragments": len(inp.items), "tokens": inp.tokens, "batch_tokens": args.batch_tokens,
+                           "rows": [es.row_view(r) for r in rows], "best": es.row_view(top),
+                           "best_vs_first": round(top.fragments_per_s / rows[0].fragments_per_s, 3)}
+    if args.model_process:
+        chunk = daemon_call_sizes()[0][0]
+        calls = chunk_calls(len(inp.items), chunk)
+        by_length = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        sorted_calls = [by_length[i : i + chunk] for i in range(0, len(by_length), chunk)]
+        call_feeds = [es.feeds_for(inp.seqs, [[c[i] for i in b] for b in plan_batches([lengths[i] for i in c], 8192)],
+                                   emb._pad_id, emb._feed_token_types) for c in calls]
+        bare = es.bare_session(graph, best)
+        out["model_process"] = {
+            "bare_setting": es.asdict(best), "chunk_fragments": chunk,
+            "padded_tokens_in_order": padded_tokens(lengths, calls),
+            "padded_tokens_length_sorted": padded_tokens(lengths, sorted_calls), "tokens": inp.tokens,
+            **es.process_path(model_dir, threads, inp.items, calls, bare, call_feeds, max(1, args.rounds)),
+        }
+    if args.ndcg:
+        subset = es.scifact_subset(SETS["scifact"], args.ndcg)
+        got = es.ndcg_of(emb, subset, fragments)
+        out["ndcg"] = {k: v for k, v in got.items() if k != "vectors"}
+        out["_vectors"] = got["vectors"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", type=Path, default=SHARED / "models" / "all-MiniLM-L6-v2-onnx")
+    ap.add_argument("--model-dir", type=Path, action="append",
+                    help="a model directory (repeatable with --skip-main: each gets --sessions/--model-process/--ndcg)")
     ap.add_argument("--set", choices=["scifact", "xquad-zh", "both"], default="both", dest="which")
     ap.add_argument("--limit", type=int, default=300, help="fragments per set (default 300)")
     cores = os.cpu_count() or 1
@@ -352,7 +403,27 @@ def main() -> None:
     ap.add_argument("--budgets", default=DEFAULT_BUDGETS, help=f"batch token budgets to sweep ({DEFAULT_BUDGETS})")
     ap.add_argument("--naive-batch", type=int, default=32)
     ap.add_argument("--query-count", type=int, default=50)
+    ap.add_argument("--sessions", action="store_true", help="bare session settings sweep (SciFact fragments)")
+    ap.add_argument("--model-process", action="store_true", help="the daemon's path vs the best bare setting")
+    ap.add_argument("--ndcg", type=int, default=0, help="SciFact-subset nDCG@10 over this many documents")
+    ap.add_argument("--skip-main", action="store_true", help="only --sessions / --model-process / --ndcg")
     args = ap.parse_args()
+    dirs = args.model_dir or [SHARED / "models" / "all-MiniLM-L6-v2-onnx"]
+    args.model_dir = dirs[0]
+    if args.skip_main:
+        t0, load0 = time.perf_counter(), os.getloadavg()[0]
+        cores = os.cpu_count() or 1
+        runs = [extras(args, d, max(1, min(args.threads, cores)), cores) for d in dirs]
+        vecs = [r.pop("_vectors", None) for r in runs]
+        report: dict[str, Any] = {"cores": cores, "threads": args.threads, "rounds": args.rounds, "models": runs}
+        if len(vecs) > 1 and vecs[0] is not None and vecs[1] is not None:
+            cos = np.sum(vecs[0] * vecs[1], axis=1)
+            report["vector_agreement_first_two"] = {"mean_cosine": round(float(np.mean(cos)), 4),
+                                                    "min_cosine": round(float(np.min(cos)), 4)}
+        report["load_average_before_after"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+        report["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(report, indent=2))
+        return
     threads = max(1, min(args.threads, cores))
     rounds = max(1, args.rounds)
     names = list(SETS) if args.which == "both" else [args.which]

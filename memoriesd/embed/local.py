@@ -32,7 +32,7 @@ from .profile import (
     resolve_profile,
     weight_files,
 )
-from .types import Check
+from .types import Check, SessionSetting
 
 if TYPE_CHECKING:  # imported when a model loads (onnxruntime after ORT_DISABLE_TELEMETRY is set)
     from onnxruntime import InferenceSession
@@ -70,6 +70,33 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, *, max_items: int = 
     if current:
         batches.append(current)
     return batches
+
+
+def product_setting(threads: int) -> SessionSetting:
+    """The session options the product runs with: ``threads`` intra-op threads (capped at the core
+    count), sequential execution, every graph optimisation, idle pool threads not spinning
+    (measured in ``bench/bench_embed.py --sessions``: docs/benchmarks.md "Session options")."""
+    return SessionSetting(intra_threads=max(1, min(threads, os.cpu_count() or 1)), spinning=False)
+
+
+def session_options(setting: SessionSetting) -> Any:
+    """``onnxruntime.SessionOptions`` for ``setting`` (the benchmark's bare sessions use this too)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, setting.intra_threads)
+    opts.inter_op_num_threads = max(1, setting.inter_threads)
+    opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL if setting.parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }.get(setting.optimization, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    spin = "1" if setting.spinning else "0"
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    opts.log_severity_level = 3
+    return opts
 
 
 def fixed_batches(count: int, size: int) -> list[list[int]]:
@@ -157,12 +184,9 @@ class LocalEmbedder:
     def _load_session(self, graph: Path, threads: int) -> InferenceSession:
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(1, min(threads, os.cpu_count() or 1))
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
+        self.setting = product_setting(threads)
         try:
-            session = ort.InferenceSession(str(graph), sess_options=opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(str(graph), sess_options=session_options(self.setting), providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise _unavailable(self.model_dir, f"cannot be loaded ({type(exc).__name__})") from exc
         inputs = {i.name for i in session.get_inputs()}

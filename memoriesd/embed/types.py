@@ -11,6 +11,7 @@ attributes: ``remote`` says whether text leaves this process for a service (its 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -22,6 +23,22 @@ if TYPE_CHECKING:
 Check = Callable[[], None]
 #: ``(title, text)``: a fragment as it is embedded (the document prompt takes the title).
 DocumentItem = tuple[str | None, str]
+
+
+@dataclass(frozen=True)
+class SessionSetting:
+    """The onnxruntime session options the local model runs with (see ``bench/embed_sessions.py``).
+
+    ``spinning``: whether idle intra-op pool threads busy-wait for the next piece of work. They
+    spin on every run by default; on a machine shared with other work (or with a second vault's
+    request in the model process) the spin burns the cores the model needs.
+    ``optimization``: ``all`` (onnxruntime's default), ``extended``, ``basic`` or ``none``."""
+
+    intra_threads: int = 2
+    inter_threads: int = 1
+    parallel: bool = False
+    optimization: str = "all"
+    spinning: bool = False
 
 
 class Embedder(Protocol):
@@ -71,4 +88,4 @@ class Cancellable(Protocol):
     def check_cancelled(self) -> None: ...
 
 
-__all__ = ["Cancellable", "Check", "DocumentItem", "Embedder", "LocalModel", "Tokenizing"]
+__all__ = ["Cancellable", "Check", "DocumentItem", "Embedder", "LocalModel", "SessionSetting", "Tokenizing"]
