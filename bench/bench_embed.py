@@ -372,12 +372,16 @@ def extras(args: argparse.Namespace, model_dir: Path, threads: int, cores: int) 
         sorted_calls = [by_length[i : i + chunk] for i in range(0, len(by_length), chunk)]
         call_feeds = [es.feeds_for(inp.seqs, [[c[i] for i in b] for b in plan_batches([lengths[i] for i in c], 8192)],
                                    emb._pad_id, emb._feed_token_types) for c in calls]
+        sorted_feeds = [es.feeds_for(inp.seqs, [c], emb._pad_id, emb._feed_token_types) for c in sorted_calls]
         bare = es.bare_session(graph, best)
+        rounds = max(1, args.rounds)
         out["model_process"] = {
-            "bare_setting": es.asdict(best), "chunk_fragments": chunk,
-            "padded_tokens_in_order": padded_tokens(lengths, calls),
-            "padded_tokens_length_sorted": padded_tokens(lengths, sorted_calls), "tokens": inp.tokens,
-            **es.process_path(model_dir, threads, inp.items, calls, bare, call_feeds, max(1, args.rounds)),
+            "bare_setting": es.asdict(best), "chunk_fragments": chunk, "tokens": inp.tokens,
+            # the chunks as the background indexer took them before (fragment order) and now (like lengths)
+            "in_order": {"padded_tokens": padded_tokens(lengths, calls),
+                         **es.process_path(model_dir, threads, inp.items, calls, bare, call_feeds, rounds)},
+            "length_sorted": {"padded_tokens": padded_tokens(lengths, sorted_calls),
+                              **es.process_path(model_dir, threads, inp.items, sorted_calls, bare, sorted_feeds, rounds)},
         }
     if args.ndcg:
         subset = es.scifact_subset(SETS["scifact"], args.ndcg)

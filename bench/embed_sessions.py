@@ -98,6 +98,8 @@ def sweep_sessions(
                 t0 = time.perf_counter()
                 sessions[j].run([OUTPUT_NAME], feed)
                 times[j][k].append(time.perf_counter() - t0)
+        done = [round(sum(min(t) for t in per_batch), 2) for per_batch in times]
+        print(f"sessions round {r + 1}/{rounds}: seconds so far {done}", file=sys.stderr, flush=True)
     rows = []
     for s, per_batch in zip(settings, times, strict=True):
         total = sum(statistics.median(t) for t in per_batch)

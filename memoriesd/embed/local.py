@@ -283,6 +283,10 @@ class LocalEmbedder:
         """Tokens the model reads for ``text`` (after truncation to ``profile.max_tokens``)."""
         return len(self._encode([text])[0])
 
+    def count_tokens_many(self, texts: Sequence[str]) -> list[int]:
+        """:meth:`count_tokens` of each text (one tokenizer batch)."""
+        return [len(ids) for ids in self._encode(list(texts))]
+
     @property
     def max_tokens(self) -> int:
         return self.profile.max_tokens
