@@ -15,7 +15,6 @@ Two questions the product's throughput hangs on, answered on the same token ids 
 from __future__ import annotations
 
 import base64
-import os
 import statistics
 import subprocess
 import sys
@@ -214,14 +213,6 @@ def process_path(
         "bare_fragments_per_s": round(len(items) / b_s, 2),
         "ratio": round(b_s / p_s, 3),
     }
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
