@@ -104,6 +104,7 @@ def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
             "snippet": snippet(frag.text),
             "source": doc.source,
             "line": out.line(doc, frag.start),
+            "end_line": out.line(doc, max(frag.start, frag.end - 1)),  # the best fragment's last line
         } | kind_view(out, doc, frag)
         if len(seen) >= limit:
             break
