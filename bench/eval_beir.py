@@ -336,8 +336,9 @@ def run_precision(args: Any, home: Path, precision: str | None, corpus: list[dic
                     judged = {q: len(ranked[q]) for q in qids}
                 else:
                     # What `rag search` shows by default (--limit 10): its own candidates, not the top of 100.
-                    top10, _ = run_queries(conn, base | {"fragments": False}, qids, queries, rid_to_doc, 10)
+                    top10, lat10 = run_queries(conn, base | {"fragments": False}, qids, queries, rid_to_doc, 10)
                     result["ndcg@10_limit10"] = mean(ndcg_at(top10[q], qrels[q]) for q in qids)
+                    result["p50_ms_limit10"] = round(sorted(lat10)[len(lat10) // 2], 2)
                     if judged:  # the same number of documents judged as the per-fragment list held
                         result["recall_same_documents"] = mean(recall_at(ranked[q][: judged[q]], qrels[q]) for q in qids)
                 lat.sort()
