@@ -96,11 +96,17 @@ def more_text(r: dict[str, Any]) -> str:
     if not isinstance(more, int) or more <= 0:
         return ""
     where = "file" if r.get("source") else {"conversation": "conversation", "fact": "fact"}.get(str(r.get("kind")), "note")
-    ranges = []
-    for span in r.get("more_fragments") or []:
-        line, end = span.get("line"), span.get("end_line")
-        if isinstance(line, int):
-            ranges.append(f"{line}-{end}" if isinstance(end, int) and end > line else str(line))
+    merged: list[list[int]] = []  # overlapping fragments share lines: their ranges are merged
+    for line, end in sorted(
+        (span["line"], max(span["line"], span.get("end_line") or span["line"]))
+        for span in r.get("more_fragments") or []
+        if isinstance(span.get("line"), int)
+    ):
+        if merged and line <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([line, end])
+    ranges = [f"{a}-{b}" if b > a else str(a) for a, b in merged]
     shown = ", ".join(ranges[:MORE_RANGES_SHOWN]) + (", …" if len(ranges) > MORE_RANGES_SHOWN else "")
     lines = f" (line{'s' if len(ranges) > 1 or '-' in shown else ''} {shown})" if shown else ""
     return f"+{more} more in this {where}{lines}"

@@ -201,3 +201,27 @@ def test_ask_and_context_still_rank_fragments(folder: Folder) -> None:
     )
     ids = [i["record_id"] for i in pack["items"]]
     assert ids.count(folder.long_id) >= 2
+
+
+def test_the_lines_of_overlapping_fragments_are_merged_and_named_by_kind() -> None:
+    from memories_cli.search_cmds import more_text
+
+    spans = [
+        {"line": 3, "end_line": 3},
+        {"line": 1, "end_line": 3},
+        {"line": 9, "end_line": 12},
+        {"line": None, "end_line": None},
+    ]
+    assert (
+        more_text({"more": 4, "source": "/n/a.md", "more_fragments": spans})
+        == "+4 more in this file (lines 1-3, 9-12)"
+    )
+    one_line = [{"line": 3, "end_line": 3}] * 2  # an abstract on one long line
+    assert (
+        more_text({"more": 2, "source": "/n/a.md", "more_fragments": one_line})
+        == "+2 more in this file (line 3)"
+    )
+    assert (
+        more_text({"more": 1, "kind": "conversation", "more_fragments": []}) == "+1 more in this conversation"
+    )
+    assert more_text({"more": 0, "source": "/n/a.md"}) == "" and more_text({"label": "S1"}) == ""
