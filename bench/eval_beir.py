@@ -40,26 +40,60 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 from memoriesd.server import protocol  # noqa: E402
+from memoriesd.workers.routes import ENDING, route_request  # noqa: E402
 
 PASSPHRASE = "eval passphrase"
 
 
 class Conn:
+    """A client of the daemon: each vault's request goes to the process serving that vault
+    (``vault.route`` on the daemon's socket first, as the CLI does); the route is kept per vault and
+    asked again when its process has ended (locked) under it."""
+
     def __init__(self, sock_path: Path) -> None:
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.connect(str(sock_path))
+        self.path = str(sock_path)
+        self.socks: dict[str, socket.socket] = {}
+        self.routes: dict[str, str] = {}
         self.n = 0
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def _exchange(self, path: str, method: str, params: dict[str, Any]) -> Any:
+        if path not in self.socks:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            self.socks[path] = s
+        s = self.socks[path]
         self.n += 1
-        self.s.sendall(protocol.encode({"id": self.n, "method": method, "params": params}))
+        s.sendall(protocol.encode({"id": self.n, "method": method, "params": params}))
         while True:
-            msg = protocol.recv_frame(self.s)
+            msg = protocol.recv_frame(s)
             if "progress" in msg:
                 continue
             if "error" in msg:
                 raise RuntimeError(f"{method}: {msg['error']['code']}: {msg['error']['message']}")
             return msg["result"]
+
+    def _route(self, ask: dict[str, Any]) -> str:
+        key = json.dumps(ask, sort_keys=True)
+        if key not in self.routes:
+            route = self._exchange(self.path, "vault.route", ask)
+            if isinstance(route, dict) and isinstance(route.get("error"), dict):
+                raise RuntimeError(f"vault.route: {route['error'].get('code')}: {route['error'].get('message')}")
+            self.routes[key] = str(route["socket"]) if isinstance(route, dict) and route.get("socket") else self.path
+        return self.routes[key]
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        ask = route_request(method, params)
+        for attempt in range(3):
+            path = self.path if ask is None else self._route(ask)
+            try:
+                return self._exchange(path, method, params)
+            except (OSError, RuntimeError) as exc:
+                ended = isinstance(exc, OSError) or ENDING in str(exc)
+                if not ended or path == self.path or attempt == 2:
+                    raise
+                self.socks.pop(path, None)
+                self.routes.clear()  # the vault's process ended (locked): ask where it is served now
+        raise AssertionError("unreachable")
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -152,6 +186,34 @@ def ingest_files(conn: Conn, vid: str, corpus: list[dict[str, Any]], home: Path)
     return seconds
 
 
+def mean(values: Any) -> float:
+    return round(statistics.fmean(values), 4)
+
+
+def run_queries(conn: Conn, base: dict[str, Any], qids: list[str], queries: dict[str, str], rid_to_doc: dict[str, str],
+                limit: int) -> tuple[dict[str, list[str]], list[float]]:
+    """Each query through ``rag.search`` (``base`` params, ``limit``): its documents, best first (a
+    document ranked by its best fragment: its first appearance), and the latencies in ms."""
+    ranked: dict[str, list[str]] = {}
+    lat = []
+    for qid in qids:
+        t0 = time.perf_counter()
+        try:
+            res = conn.call("rag.search", base | {"query": queries[qid][:1000], "limit": limit})["results"]
+        except RuntimeError as exc:
+            if "query_invalid" not in str(exc):
+                raise
+            res = []
+        lat.append((time.perf_counter() - t0) * 1000)
+        docs: list[str] = []
+        for item in res:
+            d = rid_to_doc.get(item["record_id"])
+            if d and d not in docs:
+                docs.append(d)
+        ranked[qid] = docs
+    return ranked, lat
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dataset", type=Path)
@@ -163,7 +225,10 @@ def main() -> None:
     ap.add_argument("--vector-weight", type=float, action="append", help="hybrid: vector weight in weighted RRF (repeatable; default: the model's)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--max-queries", type=int, default=None)
-    ap.add_argument("--limit", type=int, default=100, help="fragments retrieved per query (1-100)")
+    ap.add_argument("--limit", type=int, default=100, help="results per query (1-100): documents, or fragments for --grouping fragments")
+    ap.add_argument("--grouping", choices=["fragments", "documents", "both"], default="both",
+                    help="rank `rag search --fragments` (documents by their best fragment, as many as the fragments hold), "
+                    "the default one hit per document, or both in one run (the default)")
     ap.add_argument("--vector-precision", action="append", choices=["float32", "float16", "int8"],
                     help="[rag.cache] vector_precision (repeatable: the daemon restarts on the same sealed vectors "
                     "for each; default: the config default)")
@@ -244,50 +309,41 @@ def run_precision(args: Any, home: Path, precision: str | None, corpus: list[dic
                 for k in ks if mode == "hybrid" else [60]:
                     for w in weights if mode == "hybrid" else [None]:
                         runs.append((mode, rr, k, w))
+        common = {
+            "dataset": args.dataset.name, "queries": len(qids), "documents": len(corpus), "fragments": st["fragments"],
+            "ingest_seconds": None if ingest_s is None else round(ingest_s, 2), "index_build_seconds": round(build_s, 2),
+            "embed_seconds": None if embed_s is None else round(embed_s, 2), "model_dir": args.model_dir,
+            "vector_precision": precision,
+        }
+        groupings = ["fragments", "documents"] if args.grouping == "both" else [args.grouping]
         for mode, rr, k, w in runs:
-            lat, ndcgs, recalls = [], [], []
-            for qid in qids:
-                params: dict[str, Any] = {"vault": vid, "query": queries[qid][:1000], "mode": mode, "limit": args.limit, "no_rerank": not rr, "rrf_k": k}
-                if w is not None:
-                    params["vector_weight"] = w
-                t0 = time.perf_counter()
-                try:
-                    res = conn.call("rag.search", params)["results"]
-                except RuntimeError as exc:
-                    if "query_invalid" in str(exc):
-                        res = []
-                    else:
-                        raise
-                lat.append((time.perf_counter() - t0) * 1000)
-                ranked: list[str] = []
-                for item in res:
-                    d = rid_to_doc.get(item["record_id"])
-                    if d and d not in ranked:
-                        ranked.append(d)
-                ndcgs.append(ndcg_at(ranked, qrels[qid]))
-                recalls.append(recall_at(ranked, qrels[qid]))
-            lat.sort()
-            result = {
-                "dataset": args.dataset.name,
-                "mode": mode,
-                "rerank": rr if mode == "hybrid" else None,
-                "rrf_k": k if mode == "hybrid" else None,
-                "vector_weight": w if mode == "hybrid" else None,
-                "ndcg@10": round(statistics.fmean(ndcgs), 4),
-                "recall@100": round(statistics.fmean(recalls), 4),
-                "recall_counts": f"distinct documents among the top {args.limit} fragments",
-                "p50_ms": round(lat[len(lat) // 2], 2),
-                "p95_ms": round(lat[int(len(lat) * 0.95) - 1], 2),
-                "queries": len(qids),
-                "documents": len(corpus),
-                "fragments": st["fragments"],
-                "ingest_seconds": None if ingest_s is None else round(ingest_s, 2),
-                "index_build_seconds": round(build_s, 2),
-                "embed_seconds": None if embed_s is None else round(embed_s, 2),
-                "model_dir": args.model_dir,
-                "vector_precision": precision,
-            }
-            print(json.dumps(result), flush=True)
+            base: dict[str, Any] = {"vault": vid, "mode": mode, "no_rerank": not rr, "rrf_k": k}
+            if w is not None:
+                base["vector_weight"] = w
+            judged: dict[str, int] = {}  # per query: the documents the per-fragment list held
+            for grouping in groupings:
+                frag = grouping == "fragments"
+                ranked, lat = run_queries(conn, base | {"fragments": frag}, qids, queries, rid_to_doc, args.limit)
+                result: dict[str, Any] = {
+                    "mode": mode, "grouping": grouping, "rerank": rr if mode == "hybrid" else None,
+                    "rrf_k": k if mode == "hybrid" else None, "vector_weight": w if mode == "hybrid" else None,
+                    "ndcg@10": mean(ndcg_at(ranked[q], qrels[q]) for q in qids),
+                    "recall@100": mean(recall_at(ranked[q], qrels[q]) for q in qids),
+                    "documents_judged": mean(len(ranked[q]) for q in qids),
+                    "limit": f"{args.limit} {'fragments' if frag else 'documents'}",
+                }
+                if frag:
+                    judged = {q: len(ranked[q]) for q in qids}
+                else:
+                    # What `rag search` shows by default (--limit 10): its own candidates, not the top of 100.
+                    top10, lat10 = run_queries(conn, base | {"fragments": False}, qids, queries, rid_to_doc, 10)
+                    result["ndcg@10_limit10"] = mean(ndcg_at(top10[q], qrels[q]) for q in qids)
+                    result["p50_ms_limit10"] = round(sorted(lat10)[len(lat10) // 2], 2)
+                    if judged:  # the same number of documents judged as the per-fragment list held
+                        result["recall_same_documents"] = mean(recall_at(ranked[q][: judged[q]], qrels[q]) for q in qids)
+                lat.sort()
+                result |= {"p50_ms": round(lat[len(lat) // 2], 2), "p95_ms": round(lat[int(len(lat) * 0.95) - 1], 2)}
+                print(json.dumps(result | common), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -320,6 +320,7 @@ class Result:
     record: str = ""  # the record id: shown when there is no file, and with --verbose
     text: str = ""  # the passage to take the snippet from ("" = no snippet)
     details: tuple[str, ...] = ()  # --verbose: ids, revisions, fingerprints, byte ranges
+    more: str = ""  # one hit per document: "+2 more in this file (lines 40-52, 90)"
 
 
 def print_results(results: Iterable[Result], query: str, *, verbose: bool = False) -> None:
@@ -339,6 +340,8 @@ def print_results(results: Iterable[Result], query: str, *, verbose: bool = Fals
         where = location(r.source, line) if r.source else (f"record {r.record}" if r.record else "")
         if where:
             out.write(INDENT + st.where(cut(safe_text(where), room - len(INDENT))) + "\n")
+        if r.more:
+            out.write(INDENT + st.dim(cut(safe_text(r.more), room - len(INDENT))) + "\n")
         if verbose and r.details:
             for piece in join_wrapped(r.details, room - len(INDENT)):
                 out.write(INDENT + st.dim(piece) + "\n")

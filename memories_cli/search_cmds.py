@@ -34,8 +34,12 @@ Speaker = Annotated[list[str] | None, typer.Option("--speaker", metavar="NAME", 
 #: Hex characters of a fragment's fingerprint in `--verbose` text (JSON has all 32).
 FINGERPRINT_SHOWN = 12
 
-#: CSV columns (item keys) of each listing.
-SEARCH_COLUMNS = ("label", "relevance", "score", "title", "source", "line", "record_id", "revision", "kind", "start", "end", "fingerprint", "text")
+#: CSV columns (item keys) of each listing (``matches``: one hit per document; empty with --fragments).
+SEARCH_COLUMNS = ("label", "relevance", "score", "title", "source", "line", "end_line", "matches", "record_id", "revision", "kind", "start", "end", "fingerprint", "text")
+#: Documents `rag search --format files` asks for, to print ``--limit`` files when notes without one rank among them.
+FILES_ASKED = 100
+#: Line ranges shown after "+N more in this file".
+MORE_RANGES_SHOWN = 4
 MEMORY_COLUMNS = ("id", "revision", "kind", "title", "relevance", "score", "source", "line", "snippet")
 CITATION_COLUMNS = ("label", "title", "source", "line", "record_id", "revision", "start", "end")
 CONTEXT_COLUMNS = ("label", "block", "kind", "category", "title", "source", "line", "score", "tokens", "record_id", "revision", "start", "end", "text")
@@ -82,8 +86,30 @@ def fragment_result(r: dict[str, Any]) -> Result:
         details.append(f"cosine {r['cosine']:.3f}")
     return Result(
         label=f"[{r['label']}]", title=titled(r), score=score_text(r), source=r.get("source"), line=r.get("line"),
-        record=str(r["record_id"]), text=str(r.get("text") or ""), details=tuple(details),
+        record=str(r["record_id"]), text=str(r.get("text") or ""), details=tuple(details), more=more_text(r),
     )
+
+
+def more_text(r: dict[str, Any]) -> str:
+    """"+2 more in this file (lines 40-52, 90)" for a document hit with more matching fragments, else ""."""
+    more = r.get("more") or 0
+    if not isinstance(more, int) or more <= 0:
+        return ""
+    where = "file" if r.get("source") else {"conversation": "conversation", "fact": "fact"}.get(str(r.get("kind")), "note")
+    merged: list[list[int]] = []  # overlapping fragments share lines: their ranges are merged
+    for line, end in sorted(
+        (span["line"], max(span["line"], span.get("end_line") or span["line"]))
+        for span in r.get("more_fragments") or []
+        if isinstance(span.get("line"), int)
+    ):
+        if merged and line <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([line, end])
+    ranges = [f"{a}-{b}" if b > a else str(a) for a, b in merged]
+    shown = ", ".join(ranges[:MORE_RANGES_SHOWN]) + (", …" if len(ranges) > MORE_RANGES_SHOWN else "")
+    lines = f" (line{'s' if len(ranges) > 1 or '-' in shown else ''} {shown})" if shown else ""
+    return f"+{more} more in this {where}{lines}"
 
 
 def print_fragments(out: dict[str, Any], query: str, *, verbose: bool = False) -> None:
@@ -92,7 +118,9 @@ def print_fragments(out: dict[str, Any], query: str, *, verbose: bool = False) -
         notice("nothing relevant found")
         return
     print_results([fragment_result(r) for r in out["results"]], query, verbose=verbose)
-    notice(f"{len(out['results'])} result{'s' if len(out['results']) != 1 else ''} ({out['mode']})")
+    n = len(out["results"])
+    what = ("fragment" if n == 1 else "fragments") if out.get("grouping") == "fragment" else ("result" if n == 1 else "results")
+    notice(f"{n} {what} ({out['mode']})")
 
 
 def search(
@@ -100,7 +128,8 @@ def search(
     query: Annotated[str, typer.Argument(help="What to look for.")],
     mode: Mode = None,
     match_mode: MatchMode = "any",
-    limit: Limit = 10,
+    limit: Annotated[int, typer.Option("--limit", help="How many documents (1-100); with --fragments, how many fragments.")] = 10,
+    fragments: Annotated[bool, typer.Option("--fragments", help="List the matching fragments themselves, several of one document among them (default: one hit per document, its best fragment).")] = False,
     cards_only: CardsOnly = False,
     no_rerank: NoRerank = False,
     min_score: Annotated[float | None, typer.Option("--min-score", help="Vector/hybrid: the cosine a fragment BM25 did not match needs to be shown (default: the model's calibrated floor, [search] min_cosine); -1 shows the nearest fragments however far.")] = None,
@@ -117,14 +146,17 @@ def search(
     verbose: VerboseOpt = False,
     color: ColorOpt = "auto",
 ) -> None:
-    """Search fragments, best first, with citation labels.
+    """Search the vault, best first: one hit per document, with citation labels.
 
-    Each result shows its label ([S1], [S2]...), its relevance (0-100% for vector and hybrid
-    search, else the raw BM25 or fusion score), its title, its file and line (or the record id of a
-    note without a file) and a few lines around the best match; --verbose adds the record, revision,
-    fingerprint and byte range. The filters (--kind, --category, --tag, --since, --until,
-    --speaker) narrow both the lexical and the vector candidates before they are ranked. For one
-    result per record, see `memories memory search`.
+    Each result is a document (a file, note, fact or conversation) shown by its best fragment: its
+    label ([S1], [S2]...), its relevance (0-100% for vector and hybrid search, else the raw BM25 or
+    fusion score), its title, its file and line (or the record id of a note without a file), a few
+    lines around the best match, and "+N more in this file" with the lines of its other matching
+    fragments; --limit counts documents (--format files --limit 10 prints 10 files, passing over
+    notes without a file). --fragments
+    lists the fragments themselves instead. --verbose adds the record, revision, fingerprint and
+    byte range. The filters (--kind, --category, --tag, --since, --until, --speaker) narrow both the
+    lexical and the vector candidates before they are ranked.
 
     Vector and hybrid search leave out fragments that match neither the query's words nor, above the
     model's relevance floor, its meaning: a query on nothing in the vault says "nothing relevant found"
@@ -132,17 +164,23 @@ def search(
     """
     fmt = chosen(format_, color)
     params: dict[str, Any] = {"vault": vault, "query": query, "match_mode": match_mode, "limit": limit, "cards_only": cards_only, "no_rerank": no_rerank}
+    if fragments:
+        params["fragments"] = True
+    elif fmt == "files" and 1 <= limit <= FILES_ASKED:
+        params["limit"] = FILES_ASKED  # --limit counts files: notes without one are passed over below
     params.update(filters(kind, category, tag, since, until, speaker))
     for key, value in (("mode", mode), ("min_score", min_score), ("rrf_k", rrf_k), ("vector_weight", vector_weight), ("fusion", fusion)):
         if value is not None:
             params[key] = value
     out = call("rag.search", params)
+    if fmt == "files" and not fragments:
+        out["results"] = [r for r in out["results"] if r.get("source")][:limit]
     emit(fmt, Listing(
-        document={"mode": out["mode"], "results": out["results"], "ignored_terms": out["ignored_terms"], "notices": out["notices"]},
+        document={k: out[k] for k in ("mode", "grouping", "results", "ignored_terms", "notices") if k in out},
         items=out["results"],
         columns=SEARCH_COLUMNS,
         text=lambda: print_fragments(out, query, verbose=verbose),
-        md_item=lambda r: md_item(r, label=str(r["label"]), extra=_score_md(r), quote=str(r.get("text") or "")),
+        md_item=lambda r: md_item(r, label=str(r["label"]), extra=" · ".join(p for p in (_score_md(r), more_text(r)) if p), quote=str(r.get("text") or "")),
         notices=out["notices"],
     ))
 
@@ -312,7 +350,8 @@ SEARCH_EPILOG = """Examples:
   memories rag search notes "garden soil"
   memories rag search notes 长城 --mode bm25 --limit 5
   memories rag search notes "trip plan" --kind card --since 2024-01-01 --json
-  memories rag search notes "garden" --format files | xargs $EDITOR"""
+  memories rag search notes "garden" --format files | xargs $EDITOR
+  memories rag search notes "garden soil" --fragments --limit 20"""
 
 ASK_EPILOG = """Examples:
 

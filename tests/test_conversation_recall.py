@@ -103,7 +103,8 @@ def _speakers_in(turns: list[list[Any]], start: int, end: int) -> list[str]:
 
 
 def _search(e: Env, *args: str) -> list[dict[str, Any]]:
-    return list(e.cli("rag", "search", e.v, *args)["results"])
+    """`rag search --fragments`: these tests look at which fragments (turns) pass."""
+    return list(e.cli("rag", "search", e.v, *args, "--fragments")["results"])
 
 
 # ---------------------------------------------------------------------------- --speaker

@@ -216,7 +216,7 @@ def test_memory_search_groups_by_document(daemon: Daemon) -> None:
     long_body = ("Kiwi birds are flightless. " * 60) + "\n\n" + ("Kiwi fruit is green. " * 60)
     daemon.call("memory.add", {"vault": vid, "body": long_body, "title": "kiwis"})
     daemon.call("memory.add", {"vault": vid, "body": "one more kiwi", "title": "short"})
-    frags = daemon.call("rag.search", {"vault": vid, "query": "kiwi"})["results"]
+    frags = daemon.call("rag.search", {"vault": vid, "query": "kiwi", "fragments": True})["results"]
     assert len(frags) > 2
     docs = cli_json(daemon.home, "memory", "search", vid, "kiwi")["results"]
     assert sorted(d["title"] for d in docs) == ["kiwis", "short"]

@@ -155,7 +155,7 @@ def test_every_format_of_a_search_holds_the_json_results(env: Env) -> None:
     args = ("rag", "search", env.vid, "soil", "--mode", "bm25")
     doc = cli_json(env.d.home, *args)
     results = doc["results"]
-    assert set(doc) == {"mode", "results", "ignored_terms", "notices"}
+    assert set(doc) == {"mode", "grouping", "results", "ignored_terms", "notices"}
     assert json.loads(env.cli(*args, "--format", "json").stdout) == doc
     lines = env.cli(*args, "--format", "jsonl").stdout.splitlines()
     assert [json.loads(line) for line in lines] == results

@@ -140,9 +140,10 @@ def test_a_filtered_record_beyond_the_unfiltered_candidates_is_still_found(env: 
     assert n > 1000
     for mode in MODES:
         # min_score -1: the rare note's one "compost" in 900 characters is under the relevance floor in meaning
-        out = env.d.call("rag.search", {"vault": vid, "query": "compost", "mode": mode, "limit": 3, "min_score": -1})
+        # (per fragment: the rare note's own fragments are what the widening must reach)
+        out = env.d.call("rag.search", {"vault": vid, "query": "compost", "mode": mode, "limit": 3, "min_score": -1, "fragments": True})
         assert rare not in {r["record_id"] for r in out["results"]}, mode
-        out = env.d.call("rag.search", {"vault": vid, "query": "compost", "mode": mode, "limit": 3, "tags": ["rare"], "min_score": -1})
+        out = env.d.call("rag.search", {"vault": vid, "query": "compost", "mode": mode, "limit": 3, "tags": ["rare"], "min_score": -1, "fragments": True})
         assert len(out["results"]) == 3 and {r["record_id"] for r in out["results"]} == {rare}, mode
 
 

@@ -1,4 +1,4 @@
-"""`rag search` shows each fragment's fingerprint; `memory search --limit N` gives N records.
+"""`rag search --fragments` shows each fragment's fingerprint; `memory search --limit N` and `rag search --limit N` give N records.
 
 A real memoriesd on a temp home, driven by the real CLI (and a grant over the real protocol).
 Long records whose every fragment matches densely fill the first BM25 fragments, so grouping only
@@ -61,7 +61,7 @@ def vault() -> Iterator[Vault]:
 
 def test_the_long_records_fill_the_first_hundred_fragments(vault: Vault) -> None:
     """The premise of the tests below: the top 100 fragments come from only a few records."""
-    out = cli_json(vault.d.home, "rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "100")
+    out = cli_json(vault.d.home, "rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "100", "--fragments")
     assert len(out["results"]) == 100
     assert {r["record_id"] for r in out["results"]} <= {*vault.long_notes, *vault.long_cards}
 
@@ -136,3 +136,19 @@ def test_rag_search_verbose_shows_each_fragments_fingerprint_record_and_bytes(va
         assert f"fingerprint {res['fingerprint'][:12]}" in block and res["fingerprint"][:12] not in plain.stdout
         assert f"record {res['record_id']}@{res['revision']}" in block
         assert f"bytes {res['start']}-{res['end']}" in block and f"score {res['score']:.4f}" in block
+
+
+@pytest.mark.parametrize("limit", [4, 12])
+def test_rag_search_limit_n_gives_n_documents_past_the_long_records(vault: Vault, limit: int) -> None:
+    """One hit per document: the candidates are widened past the long records' hundred fragments."""
+    out = cli_json(vault.d.home, "rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", str(limit))
+    ids = [r["record_id"] for r in out["results"]]
+    assert out["grouping"] == "document"
+    assert len(ids) == limit and len(set(ids)) == limit and set(ids) <= vault.visible
+
+
+def test_rag_search_gives_every_matching_document_when_fewer_than_the_limit(vault: Vault) -> None:
+    out = cli_json(vault.d.home, "rag", "search", vault.vid, "zebra", "--mode", "bm25", "--limit", "50")
+    assert sorted(r["record_id"] for r in out["results"]) == sorted(vault.visible)  # never the private one
+    long_ones = [r for r in out["results"] if r["record_id"] in {*vault.long_notes, *vault.long_cards}]
+    assert long_ones and all(r["more"] >= 1 and r["matches"] == r["more"] + 1 for r in long_ones)

@@ -14,6 +14,9 @@ applied after fusion so the kept candidates rank as without it (measured: no nDC
 and XQuAD-zh with MiniLM and EmbeddingGemma; applying it to the vector side before fusion cost XQuAD-zh
 0.007). When it leaves nothing, a notice says so.
 Scores are higher-is-better in every mode.
+With ``documents`` (`rag search`'s default) the ranked fragments are grouped by record, one hit per
+document (:mod:`memoriesd.rag.documents`), and ``limit`` counts documents: the candidates are widened
+x4 at a time while they hold fewer documents than that and more may match.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
 from ..index.docs import IndexedDoc
 from ..kinds.card import KIND as CARD
-from ..kinds.registry import kind_of
 from ..text.fragments import Fragment
 from ..vault.live import LiveVault
 from ..vault.store import VaultStore
+from .documents import WIDEN, DocumentHit, group_by_document
 from .engine import RagEngine
 from .filters import Allowed, RecordFilter, overlaps
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
@@ -44,7 +47,6 @@ from .vector_view import open_view
 
 MODES = ("bm25", "vector", "hybrid")
 MATCH_MODES = ("any", "all", "phrase")
-SNIPPET_CHARS = 200
 DEFAULT_RRF_K = 60  # `rag search --rrf-k` (was [rag] rrf_k)
 DEFAULT_FUSION = "convex"  # `rag search --fusion` (was [rag] fusion)
 
@@ -77,6 +79,9 @@ class SearchRequest:
     # Conversation fragments ranked by their own vector lifted by their best turn window
     # (memoriesd.index.vectors.windows): the answering surfaces (ask, context) set it.
     windows: bool = False
+    # One hit per document (`rag search` unless --fragments): ``limit`` counts records, each hit is
+    # its record's best fragment (:mod:`memoriesd.rag.documents`). ask and context packs rank fragments.
+    documents: bool = False
 
 
 @dataclass
@@ -97,6 +102,8 @@ class SearchOutcome:
     # "unit": the scores lie in [0, 1] (a cosine, or the convex fusion not rescored by a reranker
     # service), so results carry a 0-100 ``relevance``; None: raw scores (BM25, RRF, a service's).
     scale: str | None = None
+    # With SearchRequest.documents: each hit's document (keyed by its best fragment's id).
+    documents: dict[int, DocumentHit] | None = None
     _bodies: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
     def line(self, doc: RecordRevision, start: int) -> int | None:
@@ -215,10 +222,19 @@ class _Search:
     cosines: dict[int, float] = field(default_factory=dict)
     embedder: Embedder | None = None
     floor: float | None = None
+    view: Any = None  # the vector view (vector and hybrid), kept for a widened pass
+    qvec: np.ndarray | None = None
+    allowed: set[int] | None = None
+    more: bool = False  # a side's candidates were cut at their bound: more fragments may match
 
     @property
     def narrowed(self) -> bool:
         return self.req.cards_only or self.records is not None
+
+    @property
+    def frag_limit(self) -> int:
+        """How many ranked fragments a pass keeps: ``limit``, or all the candidates when grouping."""
+        return max(self.n_cand, self.req.limit) if self.req.documents else self.req.limit
 
 
 def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Cancellable) -> SearchOutcome:
@@ -235,10 +251,24 @@ def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Can
     records = req.filters.allowed_records(store) if req.filters is not None and req.filters.active else None
     s = _Search(engine, store, req, ctx, out, req.candidates or engine.config.search.candidates, records)
     out.timings["index_ms"] = (time.perf_counter() - t0) * 1000
+    _rank(s)
+    if req.documents:
+        _documents_step(s)
+    out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
+    return out
+
+
+def _rank(s: _Search) -> None:
+    """One pass of the steps: candidates of each side (``s.n_cand`` of them), fused, above the floor, reranked."""
+    mode, out = s.out.mode, s.out
+    s.more = False
     if mode in ("bm25", "hybrid"):
         _lexical(s)
     if mode in ("vector", "hybrid"):
-        _vector(s)
+        if s.view is None:
+            _vector(s)
+        else:
+            _nearest(s)  # a widened pass: the query vector and floor stay
     _collect(s)
     if mode == "bm25":
         out.hits = _bm25_hits(s)
@@ -246,8 +276,29 @@ def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Can
         out.hits = _vector_hits(s)
     else:
         out.hits = _rerank_step(s, _above_floor(_fuse(s), s.floor, out))
-    out.timings["total_ms"] = (time.perf_counter() - t0) * 1000
-    return out
+
+
+def _documents_step(s: _Search) -> None:
+    """One hit per document: the ranked fragments grouped by record (:mod:`memoriesd.rag.documents`),
+    the candidates widened and ranked again while they hold fewer than ``limit`` documents and a
+    side was cut at its bound (so more fragments may match), up to the index's bound."""
+    t = time.perf_counter()
+    out, limit = s.out, s.req.limit
+
+    def record_of(fid: int) -> str | None:
+        got = out.frags.get(fid)
+        return None if got is None else got[0].record_id
+
+    groups = group_by_document(out.hits, record_of)
+    while len(groups) < limit and s.more and s.n_cand < MAX_CANDIDATES:
+        s.ctx.check_cancelled()
+        s.n_cand = min(MAX_CANDIDATES, s.n_cand * WIDEN)
+        _rank(s)
+        groups = group_by_document(out.hits, record_of)
+    groups = groups[:limit]
+    out.hits = [g.best for g in groups]
+    out.documents = {g.best.frag_id: g for g in groups}
+    out.timings["documents_ms"] = (time.perf_counter() - t) * 1000
 
 
 def _lexical(s: _Search) -> None:
@@ -255,12 +306,13 @@ def _lexical(s: _Search) -> None:
     t = time.perf_counter()
     req, idx, out = s.req, s.out.index, s.out
     assert idx.bm25 is not None
-    want = req.limit if (out.mode == "bm25" and not s.narrowed) else max(s.n_cand, req.limit)
+    want = s.frag_limit if (out.mode == "bm25" and not s.narrowed) else max(s.n_cand, req.limit)
     if s.narrowed:
         hits, out.ignored_terms = _narrowed_bm25(idx, req, s.records, want)
     else:
         res = idx.bm25.candidates(req.query, match_mode=req.match_mode, limit=min(want, MAX_CANDIDATES))
         out.ignored_terms, hits = res.ignored_terms, res.hits
+    s.more = s.more or len(hits) >= want
     s.bm25_ids = [h.frag_id for h in hits]
     s.bm25_scores = {h.frag_id: h.score for h in hits}
     out.timings["bm25_ms"] = (time.perf_counter() - t) * 1000
@@ -290,15 +342,26 @@ def _vector(s: _Search) -> None:
         out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
     allowed = _allowed_fragments(idx, req, s.records) if s.narrowed else None
     s.floor = _floor(engine, view.embedder, req)
-    pairs = [] if qvec is None else view.search(qvec, max(s.n_cand, req.limit), allowed=allowed, windows=req.windows,
+    s.view, s.qvec, s.allowed = view, qvec, allowed
+    _nearest(s)
+    out.timings["vector_ms"] = (time.perf_counter() - t) * 1000
+
+
+def _nearest(s: _Search) -> None:
+    """The nearest allowed fragments to the query vector (``s.n_cand`` of them); ``match_mode``
+    all/phrase keeps those BM25 also matches."""
+    req, out, idx, view, qvec = s.req, s.out, s.out.index, s.view, s.qvec
+    k = max(s.n_cand, req.limit)
+    pairs = [] if qvec is None else view.search(qvec, k, allowed=s.allowed, windows=req.windows,
                                                  best_windows=out.best_windows)
+    # Cut at k with the last still above the floor: nearer ones below k may pass too.
+    s.more = s.more or (len(pairs) >= k and (s.floor is None or pairs[-1][1] >= s.floor))
     if req.match_mode != "any" and pairs:
         assert idx.bm25 is not None
         keep = idx.bm25.filter(req.query, req.match_mode, [fid for fid, _ in pairs])
         pairs = [(fid, score) for fid, score in pairs if fid in keep]
     s.vec_ids = [fid for fid, _ in pairs]
     s.cosines = dict(pairs)
-    out.timings["vector_ms"] = (time.perf_counter() - t) * 1000
 
 
 def _collect(s: _Search) -> None:
@@ -317,7 +380,7 @@ def _bm25_hits(s: _Search) -> list[Candidate]:
     frags = s.out.frags
     return [
         Candidate(frag_id=fid, score=s.bm25_scores[fid], bm25_rank=i + 1, text=frags[fid][1].text, title=frags[fid][0].title)
-        for i, fid in enumerate(s.bm25_ids[: s.req.limit])
+        for i, fid in enumerate(s.bm25_ids[: s.frag_limit])
     ]
 
 
@@ -329,7 +392,7 @@ def _vector_hits(s: _Search) -> list[Candidate]:
         for i, fid in enumerate(s.vec_ids)
     ]
     s.out.scale = "unit"
-    return _above_floor(hits, s.floor, s.out)[: s.req.limit]
+    return _above_floor(hits, s.floor, s.out)[: s.frag_limit]
 
 
 def _fuse(s: _Search) -> list[Candidate]:
@@ -349,10 +412,15 @@ def _fuse(s: _Search) -> list[Candidate]:
 
 def _rerank_step(s: _Search, fused: list[Candidate]) -> list[Candidate]:
     t = time.perf_counter()
+    s.more = s.more or len(fused) > s.n_cand
     if s.req.rerank and fused:
-        fused = rerank(s.engine, s.store, s.req.query, fused[: s.n_cand], s.ctx, embedder=s.embedder)
+        # A widened pass (one hit per document) reranks the first candidates only, as the first pass
+        # did (a reranker service is not sent thousands of texts); the rest follow in fused order.
+        first = s.req.candidates or s.engine.config.search.candidates
+        head = rerank(s.engine, s.store, s.req.query, fused[: min(first, s.n_cand)], s.ctx, embedder=s.embedder)
+        fused = head + fused[min(first, s.n_cand) : s.n_cand]
     s.out.timings["rerank_ms"] = (time.perf_counter() - t) * 1000
-    return fused[: s.req.limit]
+    return fused[: s.frag_limit]
 
 
 def _floor(engine: RagEngine, embedder: Embedder, req: SearchRequest) -> float | None:
@@ -402,84 +470,3 @@ def rerank(
     from ..text.segment import query_terms
 
     return light_rerank(query_terms(query), candidates)
-
-
-def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
-
-
-def kind_view(out: SearchOutcome, doc: IndexedDoc, frag: Fragment) -> dict[str, Any]:
-    """What a result shows of its kind beyond the text, under the kind's name (a conversation
-    fragment's ``{date, when, speakers, turns, refs}``: :meth:`RecordKind.result_view`); ``{}`` for
-    kinds without one, the kind's name with None when the indexed revision is gone meanwhile."""
-    kind = kind_of(doc.kind)
-    if not kind.has_view:
-        return {}
-    from ..errors import MemoriesError
-
-    try:
-        rec = out.index.store.get(doc.record_id, doc.revision)
-    except MemoriesError:
-        return {kind.name: None}
-    return {kind.name: kind.result_view(rec, frag.start, frag.end)}
-
-
-def fragment_results(out: SearchOutcome) -> list[dict[str, Any]]:
-    """The ``rag search --json`` items: one per fragment, labelled [S1], [S2]... in rank order.
-    A conversation's fragment also carries ``conversation`` (:func:`kind_view`)."""
-    items = []
-    found = [(c, got) for c in out.hits if (got := out.fragment(c.frag_id)) is not None]
-    for i, (c, (doc, frag)) in enumerate(found, start=1):
-        score = c.rerank_score if c.rerank_score is not None else c.score
-        items.append(
-            {
-                "label": f"S{i}",
-                "record_id": doc.record_id,
-                "revision": doc.revision,
-                "title": doc.title,
-                "kind": doc.kind,
-                "fingerprint": frag.fingerprint,
-                "start": frag.start,
-                "end": frag.end,
-                "score": round(float(score), 6),
-                "relevance": out.relevance(float(score)),
-                "fused_score": round(float(c.score), 6) if out.mode == "hybrid" else None,
-                "bm25_rank": c.bm25_rank,
-                "vector_rank": c.vector_rank,
-                "cosine": None if c.cosine is None else round(float(c.cosine), 6),
-                "text": frag.text,
-                "source": doc.source,
-                "line": out.line(doc, frag.start),
-            }
-            | kind_view(out, doc, frag)
-        )
-    return items
-
-
-def document_results(out: SearchOutcome, limit: int) -> list[dict[str, Any]]:
-    """`memory search`: one line per record (its best fragment's score and a snippet)."""
-    seen: dict[str, dict[str, Any]] = {}
-    for c in out.hits:
-        got = out.fragment(c.frag_id)
-        if got is None:
-            continue
-        doc, frag = got
-        if doc.record_id in seen:
-            continue
-        score = c.rerank_score if c.rerank_score is not None else c.score
-        seen[doc.record_id] = {
-            "id": doc.record_id,
-            "revision": doc.revision,
-            "kind": doc.kind,
-            "title": doc.title,
-            "score": round(float(score), 6),
-            "relevance": out.relevance(float(score)),
-            "snippet": snippet(frag.text),
-            "source": doc.source,
-            "line": out.line(doc, frag.start),
-            "end_line": out.line(doc, max(frag.start, frag.end - 1)),  # the best fragment's last line
-        } | kind_view(out, doc, frag)
-        if len(seen) >= limit:
-            break
-    return list(seen.values())

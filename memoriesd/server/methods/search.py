@@ -14,7 +14,8 @@ from ...memory.recalls import note_recalls
 from ...rag.engine import INSTALL_HINT, RagEngine
 from ...rag.filters import RecordFilter, make_filter
 from ...rag.fusion import FUSIONS, Candidate
-from ...rag.search import MATCH_MODES, MODES, SearchRequest, document_results, fragment_results, run_search
+from ...rag.results import document_results, fragment_results
+from ...rag.search import MATCH_MODES, MODES, SearchRequest, run_search
 from ...rag.vector_view import open_view
 from ...text.fragments import Fragment
 from ...vault.live import VaultLock
@@ -152,13 +153,16 @@ def memory_search(app: App, ctx: Context) -> dict[str, Any]:
 
 
 def rag_search(app: App, ctx: Context) -> dict[str, Any]:
+    """One hit per document (record) by default, ``limit`` of them; ``fragments: true``: the ranked
+    fragments themselves, several of one document among them (docs/search.md)."""
     vault = app.lease(ctx)
-    req = _search_request(ctx)
+    req = replace(_search_request(ctx), documents=not ctx.params.flag("fragments", False))
     out = run_search(_engine(app), vault, req, ctx)
     results = fragment_results(out)
     note_recalls(vault, [r["record_id"] for r in results])  # a fact found is a fact recalled
     return {
         "mode": out.mode,
+        "grouping": "document" if req.documents else "fragment",
         "results": results,
         "ignored_terms": out.ignored_terms,
         "notices": out.notices,
@@ -326,7 +330,7 @@ def rag_model_install(app: App, ctx: Context) -> dict[str, Any]:
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).
 METHODS: list[Method[App]] = [
     Method("memory.search", memory_search, scope="search", owner_only=False, grant_params=('query', 'limit', 'match_mode', 'cards_only')),
-    Method("rag.search", rag_search, scope="retrieve", owner_only=False, grant_params=('query', 'mode', 'limit', 'match_mode', 'no_rerank', 'min_score', 'cards_only')),
+    Method("rag.search", rag_search, scope="retrieve", owner_only=False, grant_params=('query', 'mode', 'limit', 'match_mode', 'no_rerank', 'min_score', 'cards_only', 'fragments')),
     Method("rag.ingest", rag_ingest),
     Method("rag.status", rag_status),
     Method("rag.watch_reload", rag_watch_reload, route="both"),
