@@ -131,6 +131,8 @@ def status(vault: Annotated[str, typer.Argument(help="Vault id or name.")]) -> N
         return
     if out.get("cap_error"):
         notice(out["cap_error"])
+    for text in out.get("notices") or []:  # e.g. a model that does not read the vault's language
+        notice(text)
     rows, hints = status_rows(out, vault)
     title = f"Vault {vault}" + (f" ({out['vault_id']})" if out.get("vault_id") and out["vault_id"] != vault else "")
     print_summary(title, rows, hints)
@@ -180,6 +182,10 @@ def status_rows(out: dict[str, Any], vault: str) -> tuple[list[tuple[str, str]],
         rows.append(("Model", "none, so search is lexical (bm25) only"))
     if emb.get("served_by") not in (None, "none"):  # which embedder serves this vault and why ([embedding] source)
         rows.append(("Served by", f"{emb['served_by']}: {emb.get('reason', '')}"))
+    if lang := emb.get("language"):  # memoriesd.rag.language: the vault's script against the model's
+        reads = {True: "the model reads it", False: "the model does not read it", None: "not yet measured"}[lang.get("model_reads")]
+        rows.append(("Language", f"mostly {lang['script']} ({lang['share']:.0%} of letters); {reads}; "
+                                 f"default search mode {emb.get('default_mode', 'hybrid')}"))
     watches = out.get("watch", [])
     for i, w in enumerate(watches):
         rows.append(("Watching" if i == 0 else "", _watch_line(w)))

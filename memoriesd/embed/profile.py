@@ -45,7 +45,8 @@ class ModelProfile:
     # Hybrid search default measured for this model (docs/benchmarks.md, "Quality and speed"): the vector
     # side's weight in the fusion, BM25's being 1 (convex: alpha = w / (1 + w)).
     vector_weight: float = 1.0
-    # `rag ask`'s evidence floor: vector neighbours under this cosine are not evidence (calibrated: docs/benchmarks.md).
+    # The relevance floor when a vault has too few vectors to calibrate its own (memoriesd.rag.floor), and for
+    # `[search] min_cosine = 0` with no vault at hand: vector neighbours under this cosine are no match.
     ask_min_cosine: float = 0.25
     # Whether the light reranker (term coverage and phrases over the fused candidates) helps this model.
     light_rerank: bool = True
@@ -56,6 +57,9 @@ class ModelProfile:
     fact_same_cosine: float = 0.70
     fact_revise_cosine: float = 0.66
     forget_min_cosine: float = 0.35
+    # The writing systems the model reads (memoriesd.rag.language: a vault mostly in another one searches bm25 by
+    # default): ("*",) = all; None = unknown (measured on first use).
+    scripts: tuple[str, ...] | None = None
 
 
 GEMMA_PROFILE = ModelProfile(
@@ -73,10 +77,28 @@ GEMMA_PROFILE = ModelProfile(
     fact_same_cosine=0.80,
     fact_revise_cosine=0.65,
     forget_min_cosine=0.38,
+    scripts=("*",),  # trained on 100+ languages
 )
 # EmbeddingGemma's special tokens (Gemma 3 vocabulary): every sequence is BOS ... EOS.
 GEMMA_BOS_ID = 2
 GEMMA_EOS_ID = 1
+
+#: Models recognised by name (a lower-case part of their directory name or config ``_name_or_path``)
+#: and the scripts they read ("*": all). Others are measured (memoriesd.rag.language.reads_script).
+KNOWN_MODELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("multilingual", ("*",)),
+    ("gemma", ("*",)),
+    ("bge-m3", ("*",)),
+    ("labse", ("*",)),
+    ("all-minilm", ("Latin",)),
+    ("all-mpnet", ("Latin",)),
+    ("bge-small-en", ("Latin",)),
+    ("bge-base-en", ("Latin",)),
+    ("e5-small-v2", ("Latin",)),
+    ("e5-base-v2", ("Latin",)),
+    ("gte-small", ("Latin",)),
+    ("nomic-embed-text", ("Latin",)),
+)
 
 _PLACEHOLDER = re.compile(r"\{(title|text)\}")
 
@@ -132,6 +154,15 @@ def read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def declared_scripts(model_dir: Path) -> tuple[str, ...] | None:
+    """The scripts a model reads when it is known by name (:data:`KNOWN_MODELS`); None: unknown."""
+    names = (model_dir.name.lower(), str(read_json(model_dir / "config.json").get("_name_or_path", "")).lower())
+    for pattern, scripts in KNOWN_MODELS:
+        if any(pattern in n for n in names):
+            return scripts
+    return None
 
 
 def is_gemma(model_dir: Path, graph: Path) -> bool:
@@ -203,6 +234,7 @@ def resolve_profile(
             max_tokens=ov.max_tokens or inferred_max_tokens(model_dir),
             query_prompt=ov.query_prompt,
             document_prompt=ov.document_prompt or None,
+            scripts=declared_scripts(model_dir),
         )
     if base.max_tokens < 4:
         raise ModelUnavailable(

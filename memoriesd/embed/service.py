@@ -38,7 +38,8 @@ INSTALL_HINT = (
     "run `memories rag model-install` to download EmbeddingGemma (about 209 MiB), or set [embedding.local] model_dir "
     "to a model directory in config.toml"
 )
-#: `ask`'s evidence floor for a model whose profile names none (remote embedding services).
+#: The fixed relevance floor of a model whose profile names none (remote embedding services), where a
+#: vault has too few vectors for its own (memoriesd.rag.floor).
 DEFAULT_EVIDENCE_FLOOR = 0.25
 # The query-vector cache of each vault process (was [rag] query_cache_items / query_cache_seconds).
 QUERY_CACHE_ITEMS = 1000
@@ -72,6 +73,16 @@ def operation_check(store: VaultStore, ctx: Cancellable) -> Check:
         ctx.check_cancelled()
 
     return check
+
+
+class _NoClient:
+    """The context of work no client waits for (it is never cancelled by one)."""
+
+    def check_cancelled(self) -> None:
+        return None
+
+
+_NO_CLIENT = _NoClient()
 
 
 def _return_memory() -> None:
@@ -380,6 +391,20 @@ class EmbeddingService:
         with self._embedding(embedder, foreground=True):
             return np.asarray(embedder.embed_documents([(title, text)]))[0]
 
+    def probe(self, store: VaultStore, embedder: Embedder, texts: Sequence[str], *, queries: bool) -> np.ndarray:
+        """Texts that are no user's (the relevance floor's probes, the language check's sample sentences),
+        embedded as queries or as fragments under the embedding lock and never cached."""
+        if embedder.remote:
+            self.check_policy(store, embedder)
+            check = operation_check(store, _NO_CLIENT)
+            if queries:
+                return np.asarray(embedder.embed_queries(texts, before_attempt=check))
+            return np.asarray(embedder.embed_documents([(None, t) for t in texts], before_attempt=check))
+        with self._embedding(embedder, foreground=True):
+            if queries:
+                return np.asarray(embedder.embed_queries(texts))
+            return np.asarray(embedder.embed_documents([(None, t) for t in texts]))
+
     # ------------------------------------------------------------------ profile values
 
     def vector_weight(self, embedder: Embedder | None) -> float:
@@ -387,13 +412,18 @@ class EmbeddingService:
         profile = embedder.profile if embedder is not None else None
         return float(profile.vector_weight) if profile is not None else 1.0
 
-    def evidence_floor(self, embedder: Embedder | None) -> float | None:
-        """`ask`'s cosine floor: ``[search] min_cosine`` when set (-1 = none), else the model profile's calibrated one."""
+    def configured_floor(self) -> float | None:
+        """``[search] min_cosine`` when set (-1.0 = no floor); None = 0, the floor calibrated per vault
+        (:mod:`memoriesd.rag.floor`)."""
         configured = float(self.config.search.min_cosine)
-        if configured == -1:
-            return None
-        if configured != 0:
-            return configured
+        return None if configured == 0 else configured
+
+    def evidence_floor(self, embedder: Embedder | None) -> float | None:
+        """The fixed cosine floor: ``[search] min_cosine`` when set (-1 = none), else the model profile's
+        (used where a vault has too few vectors to calibrate its own: :mod:`memoriesd.rag.floor`)."""
+        configured = self.configured_floor()
+        if configured is not None:
+            return None if configured <= -1 else configured
         profile = embedder.profile if embedder is not None else None
         return float(profile.ask_min_cosine) if profile is not None else DEFAULT_EVIDENCE_FLOOR
 

@@ -9,7 +9,8 @@ candidates for the share of fragments that pass, widened x4 at a time (up to the
 10,000) while too few pass; past that bound, allowed fragments that match the query are added after
 them with score 0.
 Relevance can be "nothing": in vector and hybrid mode a candidate stays only when BM25 matched it or its
-cosine reaches the floor (``--min-score``, else the model's calibrated one, as ``rag ask``; -1 = none),
+cosine reaches the floor (``--min-score``, else the one calibrated on this vault's vectors for its model:
+:mod:`memoriesd.rag.floor`, as ``rag ask`` and context packs; -1 = none),
 applied after fusion so the kept candidates rank as without it (measured: no nDCG@10 change on SciFact
 and XQuAD-zh with MiniLM and EmbeddingGemma; applying it to the vector side before fusion cost XQuAD-zh
 0.007). When it leaves nothing, a notice says so.
@@ -43,7 +44,7 @@ from .documents import WIDEN, DocumentHit, group_by_document
 from .engine import RagEngine
 from .filters import Allowed, RecordFilter, overlaps
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
-from .vector_view import open_view
+from .vector_view import VectorView, open_view
 
 MODES = ("bm25", "vector", "hybrid")
 MATCH_MODES = ("any", "all", "phrase")
@@ -196,13 +197,24 @@ def _narrowed_bm25(idx: VaultIndex, req: SearchRequest, records: Allowed | None,
     return hits, res.ignored_terms
 
 
-def _default_mode(engine: RagEngine, store: VaultStore) -> str:
+def _default_mode(engine: RagEngine, store: VaultStore, idx: VaultIndex | None = None, notices: list[str] | None = None) -> str:
     """hybrid when an embedding model is usable for this vault, else bm25.
 
     A remote embedding service is not usable for a device-only vault (unless it is on loopback):
-    such a vault searches bm25 by default instead of failing with ``device_only``.
+    such a vault searches bm25 by default instead of failing with ``device_only``. Nor is a model
+    that does not read the script most of the vault's text is in (:mod:`memoriesd.rag.language`):
+    bm25, and a notice (into ``notices``) says why; that check needs the vault's ``idx``.
     """
-    return "bm25" if engine.embedding.vault_source(store)[0] == "none" else "hybrid"
+    if engine.embedding.vault_source(store)[0] == "none":
+        return "bm25"
+    from .language import vault_fit
+
+    fit = vault_fit(engine.embedding, store, idx, None) if idx is not None else None
+    if fit is not None and fit.mismatch:
+        if notices is not None:
+            notices.append(fit.notice("bm25"))
+        return "bm25"
+    return "hybrid"
 
 
 @dataclass
@@ -245,8 +257,9 @@ def run_search(engine: RagEngine, vault: LiveVault, req: SearchRequest, ctx: Can
     idx = engine.vault_index(vault)
     assert idx.bm25 is not None
     parsed = idx.bm25.parse(req.query, req.match_mode)  # validates the query in every mode
-    mode = req.mode or _default_mode(engine, store)
-    out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms)
+    notices: list[str] = []
+    mode = req.mode or _default_mode(engine, store, idx, notices)
+    out = SearchOutcome(mode=mode, hits=[], index=idx, ignored_terms=parsed.ignored_terms, notices=notices)
     # Fragments of records the filters leave out are never candidates.
     records = req.filters.allowed_records(store) if req.filters is not None and req.filters.active else None
     s = _Search(engine, store, req, ctx, out, req.candidates or engine.config.search.candidates, records)
@@ -327,6 +340,7 @@ def _vector(s: _Search) -> None:
         raise ModelUnavailable(f"--mode {out.mode} needs an embedding model: {INSTALL_HINT}")
     view = open_view(engine, s.store, idx)
     s.embedder = view.embedder
+    _language_notice(s, view)
     coverage = view.ensure(s.ctx, limit=engine.config.search.on_demand_embed_limit)
     if (notice := coverage.notice()) is not None:
         out.missing_vectors = coverage.left
@@ -341,7 +355,7 @@ def _vector(s: _Search) -> None:
         qvec = None  # the model cannot read this query: hybrid answers from bm25 alone, and says so
         out.notices.append("the embedding model could not read this query, so only lexical (bm25) results are shown")
     allowed = _allowed_fragments(idx, req, s.records) if s.narrowed else None
-    s.floor = _floor(engine, view.embedder, req)
+    s.floor = _floor(engine, view, req)
     s.view, s.qvec, s.allowed = view, qvec, allowed
     _nearest(s)
     out.timings["vector_ms"] = (time.perf_counter() - t) * 1000
@@ -362,6 +376,16 @@ def _nearest(s: _Search) -> None:
         pairs = [(fid, score) for fid, score in pairs if fid in keep]
     s.vec_ids = [fid for fid, _ in pairs]
     s.cosines = dict(pairs)
+
+
+def _language_notice(s: _Search, view: VectorView) -> None:
+    """A vector or hybrid search of a vault its model does not read says so (the model is measured
+    here on first use when its profile does not name its scripts)."""
+    from .language import vault_fit
+
+    fit = vault_fit(s.engine.embedding, s.store, s.out.index, view.embedder)
+    if fit is not None and fit.mismatch:
+        s.out.notices.append(fit.notice(s.out.mode))
 
 
 def _collect(s: _Search) -> None:
@@ -423,12 +447,19 @@ def _rerank_step(s: _Search, fused: list[Candidate]) -> list[Candidate]:
     return fused[: s.frag_limit]
 
 
-def _floor(engine: RagEngine, embedder: Embedder, req: SearchRequest) -> float | None:
-    """The cosine a candidate BM25 did not match needs: ``--min-score``, else (``evidence_floor``) the
-    model's calibrated floor (``[search] min_cosine``); None = no floor (``--min-score -1``)."""
+def _floor(engine: RagEngine, view: VectorView, req: SearchRequest) -> float | None:
+    """The cosine a candidate BM25 did not match needs: ``--min-score``, else (``evidence_floor``)
+    ``[search] min_cosine`` when set, else the floor calibrated on this vault's vectors for its model
+    (:mod:`memoriesd.rag.floor`; the profile's constant while the vault has too few vectors);
+    None = no floor (-1)."""
     floor = req.min_score
     if floor is None and req.evidence_floor:
-        floor = engine.embedding.evidence_floor(embedder)
+        floor = engine.embedding.configured_floor()
+        if floor is None:
+            from .floor import vault_floor
+
+            cal = vault_floor(view)
+            floor = cal.floor if cal is not None else engine.embedding.evidence_floor(view.embedder)
     return None if floor is None or floor <= -1.0 else floor
 
 
@@ -443,8 +474,8 @@ def _above_floor(cands: list[Candidate], floor: float | None, out: SearchOutcome
         words = "no fragment matches the query's words, and " if out.mode == "hybrid" else ""
         out.notices.append(
             f"{words}none is close enough in meaning: the nearest fragment has cosine {best:.2f}, under the relevance "
-            f"floor {floor:.2f} (the embedding model's calibrated one unless --min-score is given); "
-            "`memories rag search --min-score -1` shows the nearest fragments anyway"
+            f"floor {floor:.2f} (calibrated on this vault for its embedding model unless --min-score or [search] "
+            "min_cosine sets it); `memories rag search --min-score -1` shows the nearest fragments anyway"
         )
     return kept
 

@@ -68,7 +68,31 @@ def vault_status(engine: StatusEngine, store: VaultStore) -> dict[str, Any]:
         _unbuilt_counts(engine, searchable, out)
     _embedding_status(engine, store, idx, out["embedding"])
     _background_status(engine, store, out["embedding"])
+    _language_status(engine, store, idx, searchable, out)
     return out
+
+
+def _language_status(engine: StatusEngine, store: VaultStore, idx: VaultIndex | None, searchable: list[Record],
+                     out: dict[str, Any]) -> None:
+    """The vault's script against its model's (:mod:`memoriesd.rag.language`): ``embedding.language``, the
+    default search mode, and a notice when the model does not read the vault's text (nothing is loaded)."""
+    from .language import SAMPLE_CHARS, SAMPLE_FRAGMENTS, vault_fit
+
+    step = max(1, len(searchable) // SAMPLE_FRAGMENTS)
+
+    def texts() -> list[str]:
+        return [r.body[:SAMPLE_CHARS] for r in searchable[::step][:SAMPLE_FRAGMENTS]]
+
+    fit = vault_fit(engine.embedding, store, idx, None, texts=texts, count=len(searchable))
+    emb = out["embedding"]
+    if out["embedding"].get("served_by") in (None, "none") or not emb.get("available"):
+        emb["default_mode"] = "bm25"
+    else:
+        emb["default_mode"] = "bm25" if fit is not None and fit.mismatch else "hybrid"
+    if fit is not None:
+        emb["language"] = fit.as_dict()
+        if fit.mismatch:
+            out["notices"] = [fit.notice("bm25")]
 
 
 def _unbuilt_counts(engine: StatusEngine, searchable: list[Record], out: dict[str, Any]) -> None:

@@ -158,6 +158,12 @@ class VectorIndex:
             return self._buf[:n]
         return self._decode(self._buf[:n], self._scale[:n] if self.precision == "int8" else None)
 
+    def rows(self, start: int, stop: int, step: int = 1) -> np.ndarray:
+        """Decoded float32 copies of the used rows at positions ``start:stop:step`` (the relevance
+        floor's calibration reads the index in blocks: :mod:`memoriesd.rag.floor`)."""
+        sl = slice(start, min(stop, len(self._keys)), step)
+        return self._decode(self._buf[sl], self._scale[sl] if self.precision == "int8" else None)
+
     def absent(self, keys: Iterable[int]) -> list[int]:
         """Those of ``keys`` that have no row, in order (one dict lookup each)."""
         row = self._row
