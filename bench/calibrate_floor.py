@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--set", action="append", choices=SETS, help="default: all four")
     ap.add_argument("--max-docs", type=int, default=0, help="cut each set to this many documents (0: whole)")
+    ap.add_argument("--whole", action="append", default=[], choices=SETS, help="a set --max-docs does not cut")
     ap.add_argument("--max-queries", type=int, default=300)
     ap.add_argument("--random-queries", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
@@ -149,7 +150,7 @@ def main() -> None:
     names = args.set or list(SETS)
     sets = {n: load(n, args.max_queries) for n in names}
     if args.max_docs:
-        sets = {n: subset(s, args.max_docs, args.max_queries) for n, s in sets.items()}
+        sets = {n: s if n in args.whole else subset(s, args.max_docs, args.max_queries) for n, s in sets.items()}
     # Off-topic queries are drawn from all four sets, whichever are measured.
     pools = {n: [q[1] for q in (sets[n] if n in sets else load(n, args.max_queries)).queries] for n in SETS}
     nonsense = random_words(args.random_queries)

@@ -10,6 +10,7 @@ other directory with the same graph signature gets its profile from
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
@@ -156,6 +157,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+@functools.lru_cache(maxsize=8)
 def declared_scripts(model_dir: Path) -> tuple[str, ...] | None:
     """The scripts a model reads when it is known by name (:data:`KNOWN_MODELS`); None: unknown."""
     names = (model_dir.name.lower(), str(read_json(model_dir / "config.json").get("_name_or_path", "")).lower())
