@@ -7,19 +7,20 @@ as much as on the model. With all-MiniLM-L6-v2, nonsense lands at cosine ~0.2 fr
 abstracts but at 0.38–0.40 from code-heavy Markdown or Chinese pages (a model that cannot read
 a text maps it close to everything else it cannot read), so a floor of 0.25 lets every query through.
 
-**The statistic.** A fixed, deterministic set of *probes* (:func:`probe_texts`: pronounceable and
-unpronounceable nonsense words in Latin, Han, Cyrillic, Hangul and Kana script, and everyday
-questions from domains a notes vault rarely covers) is embedded as queries are. For each probe,
-its nearest-neighbour cosine among the vault's vectors is the best a query that means nothing here
-reaches. Those values form the vault's *null distribution*; the floor is its upper tail:
+**The statistic.** A fixed, deterministic set of *probes* (:func:`probe_texts`) is embedded as
+queries are: :data:`N_NONSENSE` nonsense strings (pronounceable and unpronounceable words in Latin
+script, random Han, Cyrillic, Hangul and Katakana characters) and :data:`N_EVERYDAY` everyday
+questions from domains a notes vault rarely covers. For each probe, its nearest-neighbour cosine
+among the vault's vectors is the best a query that means nothing here reaches: the vault's *null
+distribution*. The floor is its top:
 
-    floor = max(q90 + SPREAD * (q90 - q50), q100)  of the probes' nearest-neighbour cosines
+    floor = max( max(nonsense), median(everyday) + 2 * (q75(everyday) - median(everyday)) )
 
-That is, at least the closest any probe came (so none of them, nor nonsense like them, is a
-match), raised when the distribution is wide (its top decile far above its median: the vault
-attracts some off-topic text more than others, and unseen off-topic queries may reach further).
-A real query that meets the vault's content lands well above the null distribution of its model
-on that vault, whatever the model's absolute scale (bench/calibrate_floor.py, docs/search.md).
+Nonsense can never be on-topic, so the closest any nonsense probe came is a hard lower bound (none
+of them, nor nonsense like them, is a match). An everyday question may be on-topic for some vault
+(a cooking vault, a Chinese encyclopedia for a Chinese question), so that group counts only through
+a robust upper quantile that a few on-topic probes cannot move. A real query that meets the vault's
+content lands above this whatever the model's absolute scale (bench/calibrate_floor.py, docs/search.md).
 A vault with fewer than :data:`MIN_VECTORS` vectors has no stable null distribution: the model
 profile's constant is used instead.
 
@@ -53,8 +54,11 @@ MIN_VECTORS = 32
 FIRST_ROWS = 20_000
 #: Recalibrate (in the background) once the vector count grew or shrank by this share.
 REFRESH_GROWTH = 0.25
-#: How far past the 90th percentile the floor goes, in units of (q90 - median).
-SPREAD = 1.0
+#: How far past the everyday probes' median the floor goes, in units of their (q75 - median).
+SPREAD = 2.0
+#: The probes: nonsense first, then everyday questions (see :func:`probe_texts`).
+N_NONSENSE = 44
+N_EVERYDAY = 20
 #: No calibrated floor is taken above this (a vault whose every fragment looks alike to the model
 #: would otherwise answer nothing by meaning; BM25 still answers by words).
 CEILING = 0.95
@@ -113,14 +117,15 @@ def probe_texts() -> list[str]:
 @dataclass(frozen=True)
 class Calibration:
     """One vault's calibrated floor: ``floor`` from the probes' nearest-neighbour cosines among
-    ``vectors`` vectors (``rows`` of them read), with the quantiles it came from."""
+    ``vectors`` vectors (``rows`` of them read): the nonsense probes' maximum and the everyday
+    probes' median and third quartile."""
 
     floor: float
     vectors: int
     rows: int
-    q50: float
-    q90: float
-    q100: float
+    nonsense_max: float
+    everyday_q50: float
+    everyday_q75: float
 
     @property
     def complete(self) -> bool:
@@ -131,9 +136,9 @@ class Calibration:
             "floor": round(self.floor, 4),
             "vectors": self.vectors,
             "rows": self.rows,
-            "q50": round(self.q50, 4),
-            "q90": round(self.q90, 4),
-            "q100": round(self.q100, 4),
+            "nonsense_max": round(self.nonsense_max, 4),
+            "everyday_q50": round(self.everyday_q50, 4),
+            "everyday_q75": round(self.everyday_q75, 4),
         }
 
 
@@ -146,18 +151,19 @@ def nearest(probes: np.ndarray, rows: np.ndarray, block: int = 8192) -> np.ndarr
     return best
 
 
-def floor_of(best: np.ndarray) -> tuple[float, float, float, float]:
-    """``(floor, q50, q90, q100)`` of the probes' nearest-neighbour cosines (the module docstring)."""
-    q50, q90, q100 = (float(v) for v in np.quantile(best, [0.5, 0.9, 1.0]))
-    floor = min(CEILING, max(q90 + SPREAD * (q90 - q50), q100) + 1e-4)
-    return floor, q50, q90, q100
+def floor_of(best: np.ndarray, rows: int, total: int) -> Calibration:
+    """The calibration from the probes' nearest-neighbour cosines ``best`` (in :func:`probe_texts` order)."""
+    nonsense, everyday = best[:N_NONSENSE], best[N_NONSENSE:]
+    top = float(nonsense.max())
+    q50, q75 = (float(v) for v in np.quantile(everyday, [0.5, 0.75]))
+    floor = min(CEILING, max(top, q50 + SPREAD * (q75 - q50)) + 1e-4)
+    return Calibration(floor, total, rows, top, q50, q75)
 
 
 def calibrate(probes: np.ndarray, rows: np.ndarray, *, vectors: int | None = None) -> Calibration:
     """The floor of a vault whose vectors are ``rows`` (or a sample of its ``vectors`` vectors)."""
-    floor, q50, q90, q100 = floor_of(nearest(probes, rows))
     n = int(rows.shape[0])
-    return Calibration(floor, vectors if vectors is not None else n, n, q50, q90, q100)
+    return floor_of(nearest(probes, rows), n, vectors if vectors is not None else n)
 
 
 #: Scores the vault's vectors: ``nearest_fn(probes, limit)`` gives each probe's best cosine among at
@@ -253,8 +259,7 @@ class FloorKeeper:
 
 
 def _calibration(best: np.ndarray, rows: int, total: int) -> Calibration:
-    floor, q50, q90, q100 = floor_of(best)
-    return Calibration(floor, total, rows, q50, q90, q100)
+    return floor_of(best, rows, total)
 
 
 #: This process's floors (a vault's process serves one vault; nothing in them is the vault's text).
