@@ -8,7 +8,8 @@ code-heavy Markdown) and each model, the documents are cut into fragments as ing
 are cached under ``--cache`` so a second run only scores. Three query groups meet each vault:
 
 - *on-topic*: the set's own judged queries;
-- *off-topic*: the other sets' queries (SciFact claims, Chinese questions, command and API names);
+- *off-topic*: the queries of the sets of other domains (SciFact claims, Chinese questions, command
+  descriptions and API headings; tldr and the Node.js reference are one domain, software);
 - *random words*: deterministic nonsense strings (``zzqxv nonexistentword`` and its kind, seeded
   differently from the probes the floor itself is calibrated with).
 
@@ -45,6 +46,8 @@ from memoriesd.rag.floor import calibrate, probe_texts  # noqa: E402
 from memoriesd.text.fragments import split_fragments  # noqa: E402
 
 SETS = ("scifact", "xquad-zh", "tldr", "code-md")
+#: Off-topic queries come from sets of another domain (tldr's commands and Node.js's API headings are both software).
+DOMAIN = {"scifact": "science", "xquad-zh": "encyclopedia", "tldr": "software", "code-md": "software"}
 
 
 def random_words(n: int, seed: int = 20261205) -> list[str]:
@@ -139,7 +142,9 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--set", action="append", choices=SETS, help="default: all four")
     ap.add_argument("--max-docs", type=int, default=0, help="cut each set to this many documents (0: whole)")
-    ap.add_argument("--whole", action="append", default=[], choices=SETS, help="a set --max-docs does not cut")
+    ap.add_argument(
+        "--whole", action="append", default=[], choices=SETS, help="a set --max-docs does not cut"
+    )
     ap.add_argument("--max-queries", type=int, default=300)
     ap.add_argument("--random-queries", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
@@ -150,7 +155,9 @@ def main() -> None:
     names = args.set or list(SETS)
     sets = {n: load(n, args.max_queries) for n in names}
     if args.max_docs:
-        sets = {n: s if n in args.whole else subset(s, args.max_docs, args.max_queries) for n, s in sets.items()}
+        sets = {
+            n: s if n in args.whole else subset(s, args.max_docs, args.max_queries) for n, s in sets.items()
+        }
     # Off-topic queries are drawn from all four sets, whichever are measured.
     pools = {n: [q[1] for q in (sets[n] if n in sets else load(n, args.max_queries)).queries] for n in SETS}
     nonsense = random_words(args.random_queries)
@@ -166,12 +173,17 @@ def main() -> None:
     for name, s in sets.items():
         vecs, owners = cache.documents(s)
         on_vecs = cache.queries(f"on-{name}", [q[1] for q in s.queries])
-        off_texts = [
-            t for other, qs in pools.items() if other != name for t in qs[: max(1, args.max_queries // 3)]
+        off_pairs = [
+            (t, other)
+            for other, qs in pools.items()
+            if other != name
+            for t in qs[: max(1, args.max_queries // 3)]
         ]
+        off_texts = [t for t, _ in off_pairs]
         off_vecs = cache.queries(f"off-{name}", off_texts)
         rels = [q[2] for q in s.queries]
-        on, off, rnd = best(vecs, on_vecs), best(vecs, off_vecs), best(vecs, rand_vecs)
+        other_domain = np.asarray([DOMAIN[other] != DOMAIN[name] for _, other in off_pairs])
+        on, off, rnd = best(vecs, on_vecs), best(vecs, off_vecs)[other_domain], best(vecs, rand_vecs)
         t = time.perf_counter()
         cal = calibrate(probes, vecs)
         cal_ms = (time.perf_counter() - t) * 1000
