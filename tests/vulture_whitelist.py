@@ -17,6 +17,8 @@ _.encode_special_tokens  # tokenizers.Tokenizer setting (memoriesd/embed/local.p
 _.intra_op_num_threads  # onnxruntime.SessionOptions settings (memoriesd/embed/local.py)
 _.inter_op_num_threads
 _.log_severity_level
+_.execution_mode
+_.graph_optimization_level
 _.__cause__  # exception chaining set by hand (memoriesd/vault/store.py)
 _.on_any_event  # watchdog.events.FileSystemEventHandler override (memoriesd/watch/watcher.py)
 
@@ -24,6 +26,7 @@ _.on_any_event  # watchdog.events.FileSystemEventHandler override (memoriesd/wat
 _.total_bytes  # ModelManifest: tests/test_model_install.py
 installed_files_match  # embed/install.py: tests/test_model_install.py
 load_all  # memories_cli/lazy.py: tests/test_help.py loads every command of the table
+_.waiting  # embed/schedule.py EmbedQueue: tests/test_embed_fairness.py waits for queued batches
 fixed_batches  # embed/local.py: the naive plan bench/bench_embed.py compares against
 _.token_ids  # LocalEmbedder: tests/test_robust_tokens.py, tests/test_embed_local.py
 _.snapshot_info  # index/caches.py: tests/test_vector_stream.py

@@ -153,7 +153,7 @@ def nearest(probes: np.ndarray, rows: np.ndarray, block: int = 8192) -> np.ndarr
 
 def floor_of(best: np.ndarray, rows: int, total: int) -> Calibration:
     """The calibration from the probes' nearest-neighbour cosines ``best`` (in :func:`probe_texts` order)."""
-    nonsense, everyday = best[:N_NONSENSE], best[N_NONSENSE:]
+    nonsense, everyday = best[:N_NONSENSE], best[N_NONSENSE : N_NONSENSE + N_EVERYDAY]
     top = float(nonsense.max())
     q50, q75 = (float(v) for v in np.quantile(everyday, [0.5, 0.75]))
     floor = min(CEILING, max(top, q50 + SPREAD * (q75 - q50)) + 1e-4)
