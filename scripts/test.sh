@@ -9,7 +9,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 echo "== ruff"; .venv/bin/ruff check memoriesd memories_cli tests scripts bench
-echo "== mypy"; .venv/bin/mypy memoriesd
+echo "== mypy"; .venv/bin/mypy memoriesd memories_cli
 echo "== lint-imports"; .venv/bin/lint-imports  # contracts: [tool.importlinter] in pyproject.toml
 echo "== vulture"; .venv/bin/vulture  # paths, confidence and whitelist: [tool.vulture] in pyproject.toml
 echo "== deptry"; .venv/bin/deptry .
