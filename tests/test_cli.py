@@ -226,7 +226,7 @@ def test_memory_list_shows_a_fact_by_its_text_and_csv_dates_are_iso_8601(daemon:
 
     fact = "The user prefers zsh over bash"
     cli_json(daemon.home, "memory", "remember", vault, fact)
-    r = run_cli(daemon.home, "memory", "list", vault)
+    r = run_cli(daemon.home, "memory", "list", vault, env={"COLUMNS": "200"})  # wide enough: free text is cut to fit
     assert r.returncode == 0, r.stderr
     assert fact in r.stdout, r.stdout
     listed = cli_json(daemon.home, "memory", "list", vault)["records"]
