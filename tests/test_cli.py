@@ -261,6 +261,15 @@ def test_scripted_ingest_writes_progress_lines_only_when_asked(daemon: Daemon, v
     assert asked.returncode == 0 and lines and lines[-1] == {"progress": "ingest", "done": 120, "total": 120}, asked.stderr
 
 
+def _default_sigint() -> None:
+    """The CLI as a terminal starts it: a runner that started the suite in the background (a
+    non-interactive shell's ``&``) hands its children SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so the signal would be lost (a loaded CI run under ``cmd &`` saw it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_ingest_says_what_became_of_the_work_and_exits_130(daemon: Daemon, vault: str, tmp_path: Path) -> None:
     import signal
 
@@ -269,6 +278,7 @@ def test_ctrl_c_during_ingest_says_what_became_of_the_work_and_exits_130(daemon:
     proc = subprocess.Popen(
         [sys.executable, "-m", "memories_cli.main", "--home", str(daemon.home), "rag", "ingest", vault, str(tmp_path), "-r", "--progress", "json"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+        preexec_fn=_default_sigint,
     )
     assert proc.stderr is not None
     first = proc.stderr.readline()  # the first progress line: the ingest is under way
@@ -308,6 +318,7 @@ def test_ctrl_c_in_any_command_is_one_line_and_exit_130(daemon: Daemon, vault: s
     proc = subprocess.Popen(
         [sys.executable, "-m", "memories_cli.main", "--home", str(daemon.home), "memory", "add", vault, "-", "--title", "t"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 60
     while not _blocked_reading_stdin(proc.pid):  # a condition on the process, not a guess of time
