@@ -55,7 +55,7 @@ def test_the_clients_routing_copy_matches_the_table() -> None:
     table = method_table()
     assert table.names(route="router") | table.names(route="both") == routes.ROUTER_METHODS
     assert table.names(route="start") == routes.START_METHODS
-    assert table.names(route="create") == {routes.CREATE_METHOD}
+    assert table.names(route="create") == {routes.CREATE_METHOD, routes.JOIN_METHOD}
     assert table.names(locked_ok=True) == routes.LOCKED_OK_METHODS
     assert table.names(resend_safe=True) == routes.RESEND_WHEN_ENDED
 

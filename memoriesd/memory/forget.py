@@ -42,7 +42,7 @@ from ..vault import fsio
 from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.live import LiveVault
 from ..vault.records import KINDS, Record, now
-from ..vault.store import VaultStore
+from ..vault.store import Setting, VaultStore
 from .facts import LEXICAL_SAME, _similar_by_model, current_facts, fact_tokens, jaccard, normalise
 
 if TYPE_CHECKING:
@@ -353,15 +353,22 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
     return out
 
 
+#: A setting per forgotten record of a synced vault: its value is the forget's stamp. Sync publishes
+#: it, refuses every version of the record from then on, and devices that receive it forget too.
+FORGOT_PREFIX = "sync.forgot."
+
+
 def purge(
     app: RagHost, vault: LiveVault, record_ids: list[str], check: Callable[[], None] | None = None,
-    notices: list[str] | None = None,
+    notices: list[str] | None = None, stamps: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Forget ``record_ids`` and rewrite every vault file that held them (module docstring).
 
     ``check`` runs under the store lock right before the deletions are committed (a grant's
     validity): when it raises, nothing is forgotten. What the user must know (vector files kept
-    because the space list is damaged) is appended to ``notices``.
+    because the space list is damaged) is appended to ``notices``. In a synced vault each forget
+    is also kept as a ``sync.forgot.<id>`` setting (see :data:`FORGOT_PREFIX`) under a new stamp,
+    or the one in ``stamps`` (a forget received from another device).
     """
     store = vault.store
     from ..index.caches import compact_lexical
@@ -384,8 +391,14 @@ def purge(
             last = revs[-1]
             if not last.deleted:
                 tombs.append(Record(rid, last.revision + 1, last.kind, "", "", last.private, (), created=last.created, updated=now(), deleted=True))
-        if tombs:
-            store.commit(tombs)
+        marks: list[Setting] = []
+        if store.stamper is not None or stamps:
+            for rid in dict.fromkeys(record_ids):
+                stamp = (stamps or {}).get(rid) or (store.stamper.next() if store.stamper is not None else "")
+                if stamp and FORGOT_PREFIX + rid not in store.settings:
+                    marks.append(Setting(FORGOT_PREFIX + rid, stamp))
+        if tombs or marks:
+            store.commit([*tombs, *marks])
         compacted = store.compact(KEEP_ALL)  # a new log epoch without them; the old log is removed
     out: dict[str, Any] = {
         "forgotten": forgotten,
@@ -414,4 +427,4 @@ def purge(
     return out
 
 
-__all__ = ["QUERY_KINDS", "SCOPES", "QueryChoice", "Target", "purge", "select_all", "select_ids", "select_query", "tier"]
+__all__ = ["FORGOT_PREFIX", "QUERY_KINDS", "SCOPES", "QueryChoice", "Target", "purge", "select_all", "select_ids", "select_query", "tier"]

@@ -19,6 +19,7 @@ from ..rag.engine import RagEngine
 from ..vault.crypto import KeyWiped
 from ..vault.live import LiveVault
 from ..vault.manager import VaultManager
+from ..sync.service import SyncService
 from ..watch import WatchService
 from .config_watch import ConfigWatch
 from .context import Context
@@ -82,6 +83,7 @@ class App:
         self.grant_uses = GrantUses(self.vaults)
         self.rag = RagEngine(self)
         self.watch = WatchService(self)  # [[watch.folder]] folders, watched while their vault is unlocked
+        self.sync = SyncService(self)  # sync targets, synced while their vault is unlocked
 
     def lease(self, ctx: Context) -> LiveVault:
         """The unlocked vault a request names in its ``vault`` parameter, leased for the request."""

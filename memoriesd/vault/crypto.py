@@ -41,6 +41,9 @@ LABEL_VECTOR_NAMES = b"memories/v1/vector-file-names"
 LABEL_GRANTS = b"memories/v1/grant-token-hash"
 LABEL_LEXICAL_SNAPSHOT = b"memories/v1/lexical-snapshot"
 LABEL_RECALLS = b"memories/v1/fact-recalls"
+LABEL_SYNC = b"memories/v1/sync"  # sealing what a sync target holds (segments, tips, epoch markers, the name)
+LABEL_SYNC_NAMES = b"memories/v1/sync-file-names"  # HMAC key that names the files on a sync target
+LABEL_SYNC_STATE = b"memories/v1/sync-state"  # sealing sync-state.bin (this device's sync state)
 
 
 class CryptoFailure(Exception):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,9 @@ def replace_file(path: Path, data: bytes) -> None:
 # ---------------------------------------------------------------------------
 
 
+VAULT_ID_RE = re.compile(r"^[a-z2-7]{12}$")
+
+
 @dataclass
 class Header:
     vault_id: str
@@ -162,45 +166,53 @@ def read_header(vault_dir: Path, label: str) -> Header:
     """Parse a header strictly. Any malformation is ``vault_corrupt`` naming ``label``."""
     try:
         doc = json.loads((vault_dir / HEADER_NAME).read_bytes().decode("utf-8"))
-        if not isinstance(doc, dict) or set(doc) != {"format", "vault_id", "name", "created", "kdf", "wrap", "mac"}:
-            raise ValueError("fields")
-        if doc["format"] != FORMAT_VERSION:
-            raise ValueError("format")
-        kdf = doc["kdf"]
-        if not isinstance(kdf, dict) or set(kdf) != {"alg", "memory_kib", "iterations", "lanes", "salt"}:
-            raise ValueError("kdf")
-        if kdf["alg"] != "argon2id":
-            raise ValueError("alg")
-        for k, (lo, hi) in KDF_BOUNDS.items():
-            v = kdf[k]
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(k)
-        if kdf["memory_kib"] < 8 * kdf["lanes"]:
-            raise ValueError("memory")
-        if len(b64d(kdf["salt"])) != crypto.SALT_BYTES:
-            raise ValueError("salt")
-        if not isinstance(doc["vault_id"], str) or not isinstance(doc["name"], str):
-            raise ValueError("ids")
-        if doc["vault_id"] != vault_dir.name:
-            raise ValueError("vault id")
-        if not isinstance(doc["created"], (int, float)) or isinstance(doc["created"], bool):
-            raise ValueError("created")
-        b64d(doc["wrap"])
-        b64d(doc["mac"])
-        return Header(
-            vault_id=doc["vault_id"],
-            name=doc["name"],
-            created=float(doc["created"]),
-            kdf=dict(kdf),
-            wrap=doc["wrap"],
-            mac=doc["mac"],
-        )
+        return parse_header(doc, vault_dir.name)
     except FileNotFoundError as exc:
         raise VaultCorrupt(f"vault {label} has no header file: restore the vault directory from a backup") from exc
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise VaultCorrupt(
             f"vault {label} is damaged (its header is invalid): restore the vault directory from a backup"
         ) from exc
+
+
+def parse_header(doc: object, vault_id: str | None) -> Header:
+    """A header from its JSON object, checked strictly (ValueError/KeyError/TypeError when invalid).
+    ``vault_id`` None accepts any valid id (a sync target's copy, read before the vault exists here)."""
+    if not isinstance(doc, dict) or set(doc) != {"format", "vault_id", "name", "created", "kdf", "wrap", "mac"}:
+        raise ValueError("fields")
+    if doc["format"] != FORMAT_VERSION:
+        raise ValueError("format")
+    kdf = doc["kdf"]
+    if not isinstance(kdf, dict) or set(kdf) != {"alg", "memory_kib", "iterations", "lanes", "salt"}:
+        raise ValueError("kdf")
+    if kdf["alg"] != "argon2id":
+        raise ValueError("alg")
+    for k, (lo, hi) in KDF_BOUNDS.items():
+        v = kdf[k]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(k)
+    if kdf["memory_kib"] < 8 * kdf["lanes"]:
+        raise ValueError("memory")
+    if len(b64d(kdf["salt"])) != crypto.SALT_BYTES:
+        raise ValueError("salt")
+    if not isinstance(doc["vault_id"], str) or not isinstance(doc["name"], str):
+        raise ValueError("ids")
+    if vault_id is not None and doc["vault_id"] != vault_id:
+        raise ValueError("vault id")
+    if vault_id is None and not VAULT_ID_RE.match(doc["vault_id"]):
+        raise ValueError("vault id")
+    if not isinstance(doc["created"], (int, float)) or isinstance(doc["created"], bool):
+        raise ValueError("created")
+    b64d(doc["wrap"])
+    b64d(doc["mac"])
+    return Header(
+        vault_id=doc["vault_id"],
+        name=doc["name"],
+        created=float(doc["created"]),
+        kdf=dict(kdf),
+        wrap=doc["wrap"],
+        mac=doc["mac"],
+    )
 
 
 # ---------------------------------------------------------------------------

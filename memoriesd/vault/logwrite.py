@@ -39,6 +39,7 @@ from .format import (
 )
 from .keywrap import why
 from .records import Record
+from .versions import Stamper, heads, versions
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -77,6 +78,9 @@ class LogWriter:
     _records: crypto.Sealer
     _head_sealer: crypto.Sealer
     records: dict[str, list[Record]]
+    conflicts: dict[str, list[Record]]  # conflict revisions per record (sync): kept, never current
+    stamper: Stamper | None  # set while the vault syncs: every new revision gets a stamp and parents
+    listeners: list[Callable[[], None]]  # called after each durable group (sync's debounced push)
     settings: dict[str, Any]
     generation: int  # bumps on every change: caches compare it
     head: Head
@@ -98,6 +102,11 @@ class LogWriter:
             return
         revs = self.records.get(str(entry["id"]))
         prev = revs[-1] if revs else None
+        if entry.get("c"):  # a conflict revision (sync): kept beside the revisions, never current
+            if prev is None:
+                raise ValueError("conflict revision of an unknown record")
+            self.conflicts.setdefault(prev.id, []).append(Record.from_entry(entry, prev))
+            return
         if t == "del" and prev is None:
             raise ValueError("delete of unknown record")
         rec = Record.from_entry(entry, prev)
@@ -140,6 +149,8 @@ class LogWriter:
             raise Internal("a vault write ended without an outcome: report this as a bug")
         if mine.error is not None:
             raise mine.error
+        for listener in list(self.listeners):
+            listener()
 
     def _write_group(self, group: list[_Batch]) -> None:
         """Write batches as one durable append; each is finished with its own outcome. Caller holds ``self.lock``."""
@@ -149,6 +160,8 @@ class LogWriter:
             for b in group:
                 b.finish(exc)
             return
+        if self.stamper is not None:
+            self._stamp(group)
         head = self.head
         revs: dict[str, int] = {}
         ok: list[_Batch] = []
@@ -193,6 +206,27 @@ class LogWriter:
         else:  # "unsaved" or "unknown": memory keeps what is certain, the state before the group
             for b in ok:
                 b.finish(failure[1])
+
+    def _stamp(self, group: list[_Batch]) -> None:
+        """Give each new revision of the group a stamp and its parents (the record's heads, or the
+        group's own previous revision of it). Entries that carry a stamp (sync's) keep it."""
+        stamper = self.stamper
+        assert stamper is not None
+        latest: dict[str, str] = {}
+        for b in group:
+            for entry in b.entries:
+                if entry["t"] == "set" or entry.get("c"):
+                    continue
+                rid = str(entry["id"])
+                if "v" in entry:
+                    latest[rid] = str(entry["v"])
+                    continue
+                if rid in latest:
+                    parents = [latest[rid]]
+                else:
+                    parents = heads(versions(self.records.get(rid, ()), self.conflicts.get(rid, ()), stamper.device))
+                entry["v"] = latest[rid] = stamper.next()
+                entry["p"] = parents
 
     def _append(self, data: bytes, new_head: Head) -> tuple[str, BaseException] | None:
         """Append a group and commit its head. None when all of it is durable; otherwise how far
@@ -286,6 +320,10 @@ class LogWriter:
         for entry in entries:
             if entry["t"] == "set":
                 continue
+            if entry.get("c"):
+                if str(entry["id"]) not in self.records and str(entry["id"]) not in revs:
+                    return "conflict revision of an unknown record"
+                continue
             rid = str(entry["id"])
             last = seen.get(rid, revs.get(rid))
             if last is None:
@@ -302,7 +340,7 @@ class LogWriter:
     def _commit_revs(entries: list[dict[str, Any]], revs: dict[str, int]) -> None:
         """Record the revisions of a batch accepted into the group (for the batches after it)."""
         for entry in entries:
-            if entry["t"] != "set":
+            if entry["t"] != "set" and not entry.get("c"):
                 revs[str(entry["id"])] = int(entry["rev"])
 
     def _check_open(self) -> None:
@@ -321,7 +359,7 @@ class LogWriter:
 
     def _log_entries(
         self, keep_revisions: int | None, setting: Callable[[str, Any], Any] | None = None
-    ) -> tuple[list[dict[str, Any]], dict[str, list[Record]], dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], dict[str, list[Record]], dict[str, Any], dict[str, list[Record]]]:
         """The entries of a whole new log (settings first, then each record's revisions, the last
         entry marked as the end of the group), the records and the settings it holds.
 
@@ -332,6 +370,7 @@ class LogWriter:
         settings = {k: (setting(k, v) if setting is not None else v) for k, v in self.settings.items()}
         entries: list[dict[str, Any]] = [{"t": "set", "key": k, "value": v} for k, v in settings.items()]
         new_records: dict[str, list[Record]] = {}
+        new_conflicts: dict[str, list[Record]] = {}
         for rid, revs in self.records.items():
             if keep_revisions is None:
                 live = list(revs)
@@ -341,9 +380,12 @@ class LogWriter:
                 live = [r for r in revs if not r.deleted][-keep_revisions:]
             new_records[rid] = live
             entries.extend(r.to_entry() for r in live)
+            if rid in self.conflicts:  # conflict revisions follow their record's revisions
+                new_conflicts[rid] = list(self.conflicts[rid])
+                entries.extend(r.to_entry() for r in new_conflicts[rid])
         if entries:  # the whole new log is one group: its head covers all of it
             entries[-1] = {**entries[-1], GROUP_END: 1}
-        return entries, new_records, settings
+        return entries, new_records, settings, new_conflicts
 
     def _write_log(self, path: Path, epoch: int, entries: list[dict[str, Any]], sealer: crypto.Sealer) -> Head:
         """Write a whole new log of ``epoch`` to ``path`` (created, never replaced), fsync it and the
@@ -382,7 +424,7 @@ class LogWriter:
             self._check_writable()
             epoch = self.head.epoch + 1
             before = sum(len(r) for r in self.records.values())
-            kept, new_records, _ = self._log_entries(keep_revisions)
+            kept, new_records, _, new_conflicts = self._log_entries(keep_revisions)
             path = self.dir / log_name(epoch)
             old = self.dir / log_name(self.head.epoch)
             renamed = False  # set the moment the head naming the new log is in place
@@ -401,7 +443,7 @@ class LogWriter:
                     # the old one stays too (the rename may not survive a power loss). The next
                     # unlock removes the old log if the head on disk names the new one, and keeps
                     # the new log as a preserved file if the old head came back.
-                    self._compacted(new_head, new_records)
+                    self._compacted(new_head, new_records, new_conflicts)
                     raise self._fail(exc, saved=None) from exc
                 # The head was not replaced (this process knows it): the new log is an unused copy
                 # of entries the old one holds, and this process created it.
@@ -416,7 +458,7 @@ class LogWriter:
                         f"nothing changed: check the disk and try again"
                     ) from exc
                 raise
-            self._compacted(new_head, new_records)
+            self._compacted(new_head, new_records, new_conflicts)
             try:
                 fsio.unlink(old, missing_ok=True)
                 fsync_dir(self.dir)
@@ -428,7 +470,8 @@ class LogWriter:
             after = sum(len(r) for r in new_records.values())
             return {"revisions_before": before, "revisions_after": after, "log_bytes": new_head.log_bytes}
 
-    def _compacted(self, new_head: Head, new_records: dict[str, list[Record]]) -> None:
+    def _compacted(self, new_head: Head, new_records: dict[str, list[Record]], new_conflicts: dict[str, list[Record]]) -> None:
         self.head = new_head
         self.records = new_records
+        self.conflicts = new_conflicts
         self.generation += 1

@@ -38,6 +38,7 @@ from ..home import Home
 from . import crypto, fsio
 from .format import HEADER_NAME, Header, atomic_write, read_header
 from .headers import HeaderCache
+from .keys import VaultKeys
 from .keywrap import KdfParams, unwrap_key
 from .live import LeaseScope, LiveVault, locked_error
 from .records import new_record_id
@@ -192,6 +193,18 @@ class VaultManager:
             store = VaultStore.create(self.home.vaults / vault_id, vault_id, name, passphrase, self.kdf())
             self._register(store)
             log.info("vault %s created", vault_id)
+            return store
+
+    def join(self, shared: Header, passphrase: bytearray, name_of: Callable[[VaultKeys], str]) -> VaultStore:
+        """A vault made here from a sync target's header (:meth:`VaultStore.join`), left unlocked."""
+        if not passphrase:
+            raise UsageError("the passphrase is empty: type the vault's passphrase")
+        with self._create_lock:
+            if (self.home.vaults / shared.vault_id).exists():
+                raise VaultExists("this device already has that vault: unlock it and add the target with `memories sync add`")
+            store = VaultStore.join(self.home.vaults / shared.vault_id, shared, passphrase, name_of)
+            self._register(store)
+            log.info("vault %s joined from a sync target", shared.vault_id)
             return store
 
     def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:

@@ -38,12 +38,27 @@ class Record:
     created: float = 0.0
     updated: float = 0.0
     deleted: bool = False
+    # Sync (memoriesd.sync): the version's stamp ("<hlc hex>-<device>"), the stamps it was made from, and
+    # whether it is a *conflict revision* (kept, shown by history, never current). Empty for a vault
+    # that has never synced: entries carry them only when set ("v", "p", "c").
+    version: str = ""
+    parents: tuple[str, ...] = ()
+    conflict: bool = False
 
     @property
     def searchable(self) -> bool:
         return not self.deleted and not self.private and self.kind not in UNSEARCHABLE_KINDS
 
     def to_entry(self) -> dict[str, Any]:
+        out = self._entry()
+        if self.version:
+            out["v"] = self.version
+            out["p"] = list(self.parents)
+        if self.conflict:
+            out["c"] = 1
+        return out
+
+    def _entry(self) -> dict[str, Any]:
         if self.deleted:
             return {"t": "del", "id": self.id, "rev": self.revision, "updated": self.updated}
         return {
@@ -65,6 +80,7 @@ class Record:
     def from_entry(entry: dict[str, Any], previous: Record | None) -> Record:
         if entry["t"] == "del":
             assert previous is not None
+            version = entry.get("v")
             return Record(
                 id=previous.id,
                 revision=int(entry["rev"]),
@@ -76,6 +92,9 @@ class Record:
                 created=previous.created,
                 updated=float(entry["updated"]),
                 deleted=True,
+                version=str(version) if version else "",
+                parents=tuple(str(x) for x in entry.get("p") or ()),
+                conflict=bool(entry.get("c")),
             )
         tags, meta, pmeta = entry["tags"], entry.get("meta"), entry.get("pmeta")
         values: dict[str, Any] = {
@@ -91,7 +110,15 @@ class Record:
             "created": float(entry["created"]),
             "updated": float(entry["updated"]),
             "deleted": False,
+            "version": "",
+            "parents": (),
+            "conflict": False,
         }
+        if "v" in entry:
+            values["version"] = str(entry["v"])
+            values["parents"] = tuple(str(x) for x in entry.get("p") or ())
+        if entry.get("c"):
+            values["conflict"] = True
         if not _FAST_INIT:
             return Record(**values)
         # Unlock makes one per log entry: without the frozen dataclass's per-field __setattr__ calls
@@ -131,5 +158,6 @@ _set = object.__setattr__
 # from_entry fills every field itself: only while that stays true (a field added to Record falls
 # back to the constructor, with its default).
 _FAST_INIT = {f.name for f in fields(Record)} == {
-    "id", "revision", "kind", "title", "body", "private", "tags", "meta", "private_meta", "created", "updated", "deleted"
+    "id", "revision", "kind", "title", "body", "private", "tags", "meta", "private_meta", "created", "updated", "deleted",
+    "version", "parents", "conflict",
 }

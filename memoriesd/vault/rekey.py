@@ -127,7 +127,7 @@ def _stage(
     stats: dict[str, int] = {}
     setting = parts.setting
     try:
-        entries, _, settings = store._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
+        entries, _, settings, _ = store._log_entries(None, None if setting is None else (lambda k, v: setting(k, v, rk)))
         new_head = store._write_log(rk.staged(log_name(epoch)), epoch, entries, records)
         for stage in parts.stage:
             stats.update(stage(rk) or {})

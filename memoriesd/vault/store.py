@@ -18,7 +18,8 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,9 @@ class VaultStore(LogWriter):
         self._records = crypto.Sealer(key, crypto.LABEL_RECORDS)
         self._head_sealer = crypto.Sealer(key, crypto.LABEL_HEAD)
         self.records: dict[str, list[Record]] = {}
+        self.conflicts: dict[str, list[Record]] = {}
+        self.stamper = None
+        self.listeners = []
         self.settings: dict[str, Any] = {}
         self.generation = 0  # bumps on every change: caches compare it
         self.head = Head(0, 0, 0, chain_start(self.vault_id, 0))
@@ -107,6 +111,34 @@ class VaultStore(LogWriter):
         )
         key = crypto.new_key()
         wrap_key(header, passphrase, key)
+        store = cls(vault_dir, header, key)
+        fsio.write_new(vault_dir / log_name(0), b"")
+        store._write_head(store.head)
+        atomic_write(vault_dir / HEADER_NAME, header.to_bytes())
+        return store
+
+    @classmethod
+    def join(
+        cls, vault_dir: Path, shared: Header, passphrase: bytes | bytearray, name_of: Callable[[VaultKeys], str]
+    ) -> VaultStore:
+        """A vault made on this device from a sync target's copy of its header (``shared``, name "").
+
+        The key is unwrapped with the passphrase and the copy's MAC checked under it; ``name_of``
+        gives the local name (the target's sealed name, or the user's). The log starts empty: sync
+        fills it. The header here wraps the same key under the same passphrase, with a MAC over the
+        local name."""
+        key = unwrap_key(shared, passphrase)
+        if not shared.verify_mac(key):
+            crypto.wipe(key)
+            raise VaultCorrupt("the sync target's header was altered: join from a target you trust, or restore its memories-sync.json")
+        try:
+            name = name_of(VaultKeys(key))
+        except BaseException:
+            crypto.wipe(key)
+            raise
+        header = Header(vault_id=shared.vault_id, name=name, created=shared.created, kdf=dict(shared.kdf), wrap=shared.wrap)
+        header.mac = header.compute_mac(key)
+        vault_dir.mkdir(mode=0o700)
         store = cls(vault_dir, header, key)
         fsio.write_new(vault_dir / log_name(0), b"")
         store._write_head(store.head)
@@ -242,6 +274,8 @@ class VaultStore(LogWriter):
             self._head_sealer.wipe()
             crypto.wipe(self.key)
             self.records.clear()
+            self.conflicts.clear()
+            self.listeners.clear()
             self.settings.clear()
         thaw()  # the records were frozen by the unlock's bulk load (memoriesd.bulk)
 
@@ -337,6 +371,30 @@ class VaultStore(LogWriter):
         old[0].wipe()
         old[1].wipe()
         crypto.wipe(old[2])
+
+    def shared_header(self) -> Header:
+        """The header as a sync target keeps it: no name (the target seals it apart), a MAC under this key."""
+        with self.lock:
+            self._check_open()
+            out = replace(self.header, name="")
+            out.mac = out.compute_mac(self.key)
+            return out
+
+    def adopt_wrap(self, shared: Header) -> bool:
+        """A passphrase change made on another device: take its KDF parameters and wrapped key when
+        ``shared`` (a target's header copy) is authentic under this vault's key. True when the local
+        header changed; ValueError when ``shared`` is not this key's (a key change elsewhere, or forged)."""
+        with self.lock:
+            self._check_writable()
+            if shared.vault_id != self.vault_id or not shared.verify_mac(self.key):
+                raise ValueError("not this vault key's header")
+            if shared.kdf == self.header.kdf and shared.wrap == self.header.wrap:
+                return False
+            header = replace(self.header, kdf=dict(shared.kdf), wrap=shared.wrap)
+            header.mac = header.compute_mac(self.key)
+            atomic_write(self.dir / HEADER_NAME, header.to_bytes())
+            self.header = header
+            return True
 
     def refuse_writes(self, reason: str) -> None:
         """Refuse every later write (a write's outcome is unknown) until the vault is unlocked again."""

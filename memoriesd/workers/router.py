@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Busy, Internal, MemoriesError, ProtocolError
+from ..errors import Busy, Internal, MemoriesError, ProtocolError, VaultExists
 from ..server.context import Context, Params
 from ..server.grants import _locked, _revoked
 from ..server.method import Method
@@ -350,7 +350,9 @@ class Router:
 
     def route(self, p: Params) -> dict[str, Any]:
         if p.flag("new", False):
-            fresh = self._spawn(new_record_id()[:12], create=True)
+            joining = p.text("join", None, max_len=4096)
+            vault_id = new_record_id()[:12] if joining is None else self._joining(joining)
+            fresh = self._spawn(vault_id, create=True)
             return {"vault_id": fresh.vault_id, "socket": str(fresh.socket_path)}
         ref = p.text("vault", allow_empty=False, max_len=200)
         for_grant = p.flag("for_grant", False)
@@ -372,6 +374,26 @@ class Router:
         if not p.flag("locked_ok", False):  # the client raises it without sending its request (no plaintext here)
             out["error"] = (_locked(vault_id) if for_grant else locked_error(name)).to_dict()
         return out
+
+    def _joining(self, target: str) -> str:
+        """The id of the vault a sync target holds (read from its header: no secret), new here."""
+        from ..sync.segments import HEADER_FILE, read_target_header
+        from ..sync.transport import TargetError, parse_target
+
+        transport = parse_target(target)
+        data = transport.read(HEADER_FILE)
+        if data is None:
+            raise TargetError(f"{transport.describe()} holds no vault (no {HEADER_FILE}): check the path, or wait until the sync tool has copied it")
+        try:
+            vault_id = read_target_header(data).header.vault_id
+        except ValueError:
+            raise TargetError(f"{transport.describe()} holds a damaged {HEADER_FILE}: join from another copy of the target") from None
+        if (self.home.vaults / vault_id).exists():
+            raise VaultExists(
+                f"this device already has the vault that {transport.describe()} holds ({self.app.vaults.name_of(vault_id)}): "
+                f"unlock it, and add the target with `memories sync add`"
+            )
+        return vault_id
 
     def refuse_if_served(self, p: Params) -> None:
         ref = p.raw.get("vault")

@@ -31,6 +31,8 @@ START_METHODS = frozenset({"vault.unlock", "vault.passwd"})
 LOCKED_OK_METHODS = frozenset({"vault.status"})
 #: The method a fresh worker (not yet a vault) serves (``route`` "create").
 CREATE_METHOD = "vault.create"
+#: The other one: a vault made from a sync target (the router reads the target's header for its id).
+JOIN_METHOD = "vault.join"
 #: Methods a client sends again when the vault's process ended under them (``resend_safe``): the
 #: process locked between the route and the request, so nothing of it ran (an unlock to a process
 #: that was ending, a status).
@@ -46,6 +48,8 @@ def route_request(method: str, params: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if method == CREATE_METHOD:
         return {"new": True}
+    if method == JOIN_METHOD:
+        return {"new": True, "join": params.get("target") if isinstance(params, dict) else None}
     vault = params.get("vault") if isinstance(params, dict) else None
     if not isinstance(vault, str) or not vault:
         return None  # no vault named: the router's (lists, grant.revoke by id...)
@@ -57,6 +61,7 @@ __all__ = [
     "START_METHODS",
     "LOCKED_OK_METHODS",
     "CREATE_METHOD",
+    "JOIN_METHOD",
     "RESEND_WHEN_ENDED",
     "ENDING",
     "route_request",

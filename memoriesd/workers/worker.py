@@ -37,6 +37,8 @@ from ..config import Config
 from ..errors import MemoriesError, ProtocolError, UsageError, VaultExists
 from ..home import Home
 from ..server.context import Context
+from ..vault.format import Header
+from ..vault.keys import VaultKeys
 from ..vault.live import LeaseScope, LiveVault
 from ..vault.manager import VaultManager, validate_name
 from ..vault.rekey import RekeyParts
@@ -169,6 +171,14 @@ class BoundVaults(VaultManager):
             self._register(store)
         log.info("vault %s created", self.vault_id)
         return store
+
+    def join(self, shared: Header, passphrase: bytearray, name_of: Callable[[VaultKeys], str]) -> VaultStore:
+        """As :meth:`VaultManager.join`, in the process the router started for the target's vault id."""
+        if not self._may_create or shared.vault_id != self.vault_id:
+            raise not_mine(self.vault_id)
+        self._may_create = False
+        with kdf_turn(self.home):
+            return super().join(shared, passphrase, name_of)
 
     def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:
         self.mine(ref)

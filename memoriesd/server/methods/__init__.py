@@ -6,7 +6,8 @@
 - :mod:`.facts`: facts and recall (``memory.remember``, ``facts``, ``forget``, ``rag.context``);
 - :mod:`.conversations`, :mod:`.extract`: ``memory.capture`` and ``memory.extract``;
 - :mod:`.tidy`: ``memory.summarize`` and ``memory.prune``;
-- :mod:`.grants`: ``grant.*`` (the owner's side; enforcement is :mod:`memoriesd.server.grants`).
+- :mod:`.grants`: ``grant.*`` (the owner's side; enforcement is :mod:`memoriesd.server.grants`);
+- :mod:`.sync`: ``sync.*`` and ``vault.join`` (encrypted sync through folders and rclone).
 
 The router's own methods (``vault.route``, ``model.route``) are in :mod:`memoriesd.workers.router`;
 :mod:`memoriesd.main` puts them all in one table.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..method import Method
-from . import conversations, extract, facts, grants, records, search, tidy, vaults
+from . import conversations, extract, facts, grants, records, search, sync, tidy, vaults
 
 if TYPE_CHECKING:
     from ..app import App
@@ -32,6 +33,7 @@ SERVER_METHODS: tuple[Method[App], ...] = (
     *extract.METHODS,
     *tidy.METHODS,
     *grants.METHODS,
+    *sync.METHODS,
 )
 
 __all__ = ["SERVER_METHODS"]
