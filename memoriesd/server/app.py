@@ -16,10 +16,10 @@ from ..config import Config
 from ..errors import MemoriesError, UnknownMethod, VaultLocked
 from ..home import Home
 from ..rag.engine import RagEngine
+from ..sync.service import SyncService
 from ..vault.crypto import KeyWiped
 from ..vault.live import LiveVault
 from ..vault.manager import VaultManager
-from ..sync.service import SyncService
 from ..watch import WatchService
 from .config_watch import ConfigWatch
 from .context import Context
