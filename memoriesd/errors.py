@@ -33,6 +33,7 @@ _EXIT_BY_CODE: dict[str, int] = {
     "vault_corrupt": EXIT_CORRUPT,
     "daemon_unreachable": EXIT_UNREACHABLE,
     "busy": EXIT_UNREACHABLE,
+    "sync_target": EXIT_UNREACHABLE,
 }
 
 
@@ -233,6 +234,13 @@ class ScopeDenied(MemoriesError):
 
 class GrantInvalid(MemoriesError):
     code = "grant_invalid"
+
+
+class SyncTargetError(MemoriesError):
+    """A sync target (a folder, an rclone remote) cannot be read or written now: the drive is not
+    mounted, the server is down, rclone is missing. Nothing was lost; sync retries later."""
+
+    code = "sync_target"
 
 
 class Internal(MemoriesError):

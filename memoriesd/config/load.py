@@ -21,6 +21,7 @@ from .schema import (
     CHOICES,
     META_FIELDS,
     PATH_KEYS,
+    PROGRAM_KEYS,
     RANGES,
     SERVICE_TABLES,
     Config,
@@ -112,9 +113,20 @@ def _build(cls: type[_Table], table: object, prefix: str, ctx: _Ctx) -> _Table:
         conv = _convert(key, value, type(default), ctx)
         if key in PATH_KEYS and isinstance(conv, str) and conv:  # path keys are strings
             conv = str((ctx.base_dir / Path(conv).expanduser()).resolve())
+        elif key in PROGRAM_KEYS and isinstance(conv, str):
+            conv = _program(key, conv, ctx)
         kwargs[f.name] = conv
         ctx.seen.append(key)
     return cls(**kwargs)
+
+
+def _program(key: str, value: str, ctx: _Ctx) -> str:
+    """A program key: a bare name stays (looked up on the daemon's PATH when run), a path resolves."""
+    if not value.strip() or "\x00" in value:
+        raise ConfigError(f"config key {ctx.name(key)} = {value!r} is invalid: allowed is a program name or path")
+    if "/" not in value and not value.startswith("~"):
+        return value
+    return str((ctx.base_dir / Path(value).expanduser()).resolve())
 
 
 def _build_watches(value: object, ctx: _Ctx) -> tuple[WatchConfig, ...]:

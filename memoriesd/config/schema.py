@@ -7,7 +7,7 @@ key with its default):
 search index (in-memory caps, what is embedded and when) · ``[embedding]`` which model embeds
 (``[embedding.local]`` the local model, ``[embedding.service]`` a remote one) · ``[search]``
 retrieval · ``[context]`` context packs · ``[watch]`` and ``[[watch.folder]]`` folders kept in sync
-· ``[http]`` the one HTTP client (model download and services) · ``[generation]`` and ``[rerank]``
+· ``[sync]`` how sync reaches its targets (the ``rclone`` program) · ``[http]`` the one HTTP client (model download and services) · ``[generation]`` and ``[rerank]``
 remote services.
 """
 
@@ -160,6 +160,16 @@ class WatchSettings:
 
 
 @dataclass(frozen=True)
+class SyncConfig:
+    """``[sync]``: how encrypted sync reaches its targets (docs/config.md "Sync targets")."""
+
+    # The program behind `rclone:REMOTE:PATH` targets: a name looked up on the daemon's PATH, or a path.
+    rclone_program: str = "rclone"
+    rclone_config: str = ""  # rclone's config file; "" = rclone's own choice ($RCLONE_CONFIG, else its default)
+    rclone_timeout_seconds: float = 120.0  # one rclone command (list, read, write, delete) is stopped after this
+
+
+@dataclass(frozen=True)
 class HttpConfig:
     use_env_proxy: bool = True
     proxy_url: str = ""
@@ -180,6 +190,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     watch: WatchSettings = field(default_factory=WatchSettings)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     generation: ServiceConfig = field(default_factory=ServiceConfig)
     rerank: ServiceConfig = field(default_factory=ServiceConfig)
@@ -226,6 +237,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "search.on_demand_embed_limit": (0, 100000),
     "context.budget": (32, 1_000_000),
     "watch.debounce_seconds": (0.05, 60),
+    "sync.rclone_timeout_seconds": (1, 86400),
     "http.retries": (0, 5),
     "http.backoff_ms": (0, 60000),
     "http.connect_timeout_seconds": (0.05, 600),
@@ -242,7 +254,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rerank.protocol": ("", "compatible"),
 }
 
-PATH_KEYS = {"embedding.local.model_dir", "http.ca_bundle"}
+PATH_KEYS = {"embedding.local.model_dir", "http.ca_bundle", "sync.rclone_config"}
+
+#: Programs: a bare name is looked up on PATH; one with a ``/`` (or ``~``) resolves like a path key.
+PROGRAM_KEYS = {"sync.rclone_program"}
 
 #: The remote services, by table.
 SERVICE_TABLES = ("embedding.service", "generation", "rerank")
