@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memoriesd.config import Config, SyncConfig
-from memoriesd.errors import UsageError, exit_code_for
+from memoriesd.errors import ConfigError, UsageError, exit_code_for
 from memoriesd.sync.rclone import summarize
 from memoriesd.sync.transport import (
     REGISTRY,
@@ -332,3 +332,21 @@ def test_a_target_that_is_neither_form_says_how_to_write_one(
     with pytest.raises(error, match=re.escape(says)) as ei:
         parse_target(text)
     assert "AKIA" not in str(ei.value)
+
+
+def test_sync_config_keeps_a_program_name_and_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
+    from memoriesd.config import parse_config
+
+    cfg = parse_config({"sync": {"rclone_config": "rclone.conf", "rclone_timeout_seconds": 5}}, tmp_path)
+    assert cfg.sync == SyncConfig("rclone", str(tmp_path / "rclone.conf"), 5.0)
+    assert parse_config({"sync": {"rclone_program": "bin/rclone"}}, tmp_path).sync.rclone_program == str(
+        tmp_path / "bin" / "rclone"
+    )
+    assert (
+        parse_config({"sync": {"rclone_program": "rclone-beta"}}, tmp_path).sync.rclone_program
+        == "rclone-beta"
+    )
+    with pytest.raises(ConfigError, match="sync.rclone_timeout_seconds"):
+        parse_config({"sync": {"rclone_timeout_seconds": 0}}, tmp_path)
+    with pytest.raises(ConfigError, match="sync.rclone_program"):
+        parse_config({"sync": {"rclone_program": " "}}, tmp_path)
