@@ -40,8 +40,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Rclo
 
     class Lazy(dict[str, RcloneServer]):
         def __missing__(self, kind: str) -> RcloneServer:
-            started[kind] = rclone_serve.start(kind, base / kind / "served", base / kind)
-            return started[kind]
+            self[kind] = started[kind] = rclone_serve.start(kind, base / kind / "served", base / kind)
+            return self[kind]
 
     yield Lazy()
     for server in started.values():
@@ -78,7 +78,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 def test_written_files_read_back_list_with_their_sizes_and_delete(target: Target) -> None:
     t = target.t
     assert t.list() == []
-    blob = os.urandom(70_000)
+    blob = os.urandom(300_000)  # above rclone's 100 KiB streaming cutoff
     t.write(NAME, blob)
     t.write(HEADER, b'{"v": 1}')
     assert [(e.name, e.size) for e in t.list()] == [(NAME, len(blob)), (HEADER, 8)]

@@ -170,7 +170,9 @@ class RcloneTransport:
         return proc.stdout
 
     def write(self, name: str, data: bytes) -> None:
-        proc = self._run("writing", ["rcat", self._file(name)], data=data)
+        # The size told up front: one plain upload of a known length (a single PUT on object stores up to
+        # their multipart cutoff, so no reader sees a partial object), not rclone's chunked streaming.
+        proc = self._run("writing", ["rcat", "--size", str(len(data)), self._file(name)], data=data)
         if proc.returncode != 0:
             raise self._fail("write to", proc)
 
