@@ -43,6 +43,7 @@ from ..vault.format import PRESERVED_PREFIX, fsync_dir
 from ..vault.live import LiveVault
 from ..vault.records import KINDS, Record, now
 from ..vault.store import Setting, VaultStore
+from ..vault.versions import FORGOT_PREFIX
 from .facts import LEXICAL_SAME, _similar_by_model, current_facts, fact_tokens, jaccard, normalise
 
 if TYPE_CHECKING:
@@ -353,9 +354,6 @@ def _stamps(store: VaultStore) -> dict[str, tuple[int, int]]:
     return out
 
 
-#: A setting per forgotten record of a synced vault: its value is the forget's stamp. Sync publishes
-#: it, refuses every version of the record from then on, and devices that receive it forget too.
-FORGOT_PREFIX = "sync.forgot."
 
 
 def purge(

@@ -109,10 +109,7 @@ def plan(store: VaultStore, device: str, incoming: Iterable[dict[str, Any]], for
         if stamp in ov.known:
             out.duplicates += 1
             continue
-        if not ov.revs:
-            if v["t"] == "del":  # the deletion of a record this device never had: nothing to do
-                out.duplicates += 1
-                continue
+        if not ov.revs:  # a record new here (a deletion too: kept as a tombstone, for later edits to meet)
             _apply(out, ov, v, conflict=False)
             out.applied += 1
             out.changed.add(rid)

@@ -73,11 +73,7 @@ class VaultSync:
         return sync
 
     def _transport(self, text: str) -> Transport:
-        cfg = getattr(self.app.config, "sync", None)
-        kwargs: dict[str, Any] = {}
-        if cfg is not None and getattr(cfg, "rclone_program", None):
-            kwargs["rclone_program"] = cfg.rclone_program
-        return parse_target(text, **kwargs)
+        return parse_target(text, config=self.app.config)
 
     def _watch(self, tid: str, transport: Transport) -> None:
         """A folder target: pull when a file in it changes (inotify), not on a timer."""

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from .format import (
 )
 from .keywrap import why
 from .records import Record
-from .versions import Stamper, heads, versions
+from .versions import FORGOT_PREFIX, Stamper, heads, versions
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -107,7 +107,7 @@ class LogWriter:
                 raise ValueError("conflict revision of an unknown record")
             self.conflicts.setdefault(prev.id, []).append(Record.from_entry(entry, prev))
             return
-        if t == "del" and prev is None:
+        if t == "del" and prev is None and "v" not in entry:
             raise ValueError("delete of unknown record")
         rec = Record.from_entry(entry, prev)
         if prev is not None and rec.revision <= prev.revision:
@@ -321,7 +321,8 @@ class LogWriter:
             if entry["t"] == "set":
                 continue
             if entry.get("c"):
-                if str(entry["id"]) not in self.records and str(entry["id"]) not in revs:
+                rid = str(entry["id"])
+                if rid not in self.records and rid not in revs and rid not in seen:
                     return "conflict revision of an unknown record"
                 continue
             rid = str(entry["id"])
@@ -329,7 +330,7 @@ class LogWriter:
             if last is None:
                 known = self.records.get(rid)
                 last = known[-1].revision if known else None
-            if entry["t"] == "del" and last is None:
+            if entry["t"] == "del" and last is None and "v" not in entry:
                 return "delete of unknown record"
             if last is not None and int(entry["rev"]) <= last:
                 return "revision order"
@@ -374,18 +375,33 @@ class LogWriter:
         for rid, revs in self.records.items():
             if keep_revisions is None:
                 live = list(revs)
+            elif revs[-1].deleted and revs[-1].version and FORGOT_PREFIX + rid not in self.settings:
+                # A synced vault keeps a deleted record's tombstone (no text): a device that edited it
+                # meanwhile must meet the deletion, not bring the record back (memoriesd.sync.merge).
+                live = [revs[-1]]
             elif revs[-1].deleted:
                 continue
             else:
                 live = [r for r in revs if not r.deleted][-keep_revisions:]
             new_records[rid] = live
-            entries.extend(r.to_entry() for r in live)
-            if rid in self.conflicts:  # conflict revisions follow their record's revisions
-                new_conflicts[rid] = list(self.conflicts[rid])
-                entries.extend(r.to_entry() for r in new_conflicts[rid])
+            entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)
+            extra = list(self.conflicts.get(rid, ()))
+            if revs[-1].version and keep_revisions is not None:
+                extra += self._dropped_heads(revs, live, extra)
+            if extra:  # conflict revisions follow their record's revisions
+                new_conflicts[rid] = extra
+                entries.extend(r.to_entry() for r in extra)
         if entries:  # the whole new log is one group: its head covers all of it
             entries[-1] = {**entries[-1], GROUP_END: 1}
         return entries, new_records, settings, new_conflicts
+
+    def _dropped_heads(self, revs: list[Record], kept: list[Record], conflicts: list[Record]) -> list[Record]:
+        """Heads of a synced record (concurrent versions no edit resolved) that compaction would drop
+        with the older revisions: kept as conflict revisions, so every device keeps the same heads."""
+        device = self.stamper.device if self.stamper is not None else ""
+        known = versions(revs, conflicts, device)
+        have = {r.version for r in kept} | {r.version for r in conflicts}
+        return [replace(known[s].record, conflict=True) for s in heads(known) if s not in have and known[s].record.version]
 
     def _write_log(self, path: Path, epoch: int, entries: list[dict[str, Any]], sealer: crypto.Sealer) -> Head:
         """Write a whole new log of ``epoch`` to ``path`` (created, never replaced), fsync it and the
@@ -475,3 +491,8 @@ class LogWriter:
         self.records = new_records
         self.conflicts = new_conflicts
         self.generation += 1
+
+
+def _alone(tomb: Record) -> dict[str, Any]:
+    """A tombstone written without the revisions before it: it names its kind itself."""
+    return {**tomb.to_entry(), "kind": tomb.kind}

@@ -79,17 +79,18 @@ class Record:
     @staticmethod
     def from_entry(entry: dict[str, Any], previous: Record | None) -> Record:
         if entry["t"] == "del":
-            assert previous is not None
             version = entry.get("v")
+            if previous is None:  # a synced tombstone kept alone (compaction, or a record never had here)
+                assert version, "delete of unknown record"
             return Record(
-                id=previous.id,
+                id=str(entry["id"]) if previous is None else previous.id,
                 revision=int(entry["rev"]),
-                kind=previous.kind,
+                kind=previous.kind if previous is not None else str(entry.get("kind") or "memory"),
                 title="",
                 body="",
-                private=previous.private,
+                private=previous.private if previous is not None else False,
                 tags=(),
-                created=previous.created,
+                created=previous.created if previous is not None else float(entry["updated"]),
                 updated=float(entry["updated"]),
                 deleted=True,
                 version=str(version) if version else "",

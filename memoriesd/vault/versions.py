@@ -18,6 +18,11 @@ from typing import Protocol
 from .records import Record
 
 
+#: A setting per forgotten record of a synced vault (its value: the forget's stamp). Sync refuses
+#: every version of the record from then on; compaction keeps no tombstone of it.
+FORGOT_PREFIX = "sync.forgot."
+
+
 class Stamper(Protocol):
     """The clock that stamps a synced vault's new revisions (:class:`memoriesd.sync.stamps.Clock`)."""
 
@@ -77,4 +82,4 @@ def stamp_device(stamp: str) -> str:
     return stamp.partition("-")[2]
 
 
-__all__ = ["Stamper", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]
+__all__ = ["FORGOT_PREFIX", "Stamper", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]

@@ -380,7 +380,7 @@ class Router:
         from ..sync.segments import HEADER_FILE, read_target_header
         from ..sync.transport import TargetError, parse_target
 
-        transport = parse_target(target)
+        transport = parse_target(target, config=self.app.config)
         data = transport.read(HEADER_FILE)
         if data is None:
             raise TargetError(f"{transport.describe()} holds no vault (no {HEADER_FILE}): check the path, or wait until the sync tool has copied it")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import NotFound, UsageError
 from ...vault.records import KINDS, Record, new_record_id, now
 from ...vault.store import VaultStore
+from ...vault.versions import heads, versions
 from ..context import Context
 from ..method import Method
 
@@ -137,14 +138,25 @@ def card_by_path(store: VaultStore, path: str, absolute: str | None = None) -> R
 def memory_history(app: App, ctx: Context) -> dict[str, Any]:
     store = app.lease(ctx).store
     revs = store.history(ctx.params.text("id", allow_empty=False))
-    return {
-        "id": revs[0].id,
-        "revisions": [
-            {"revision": r.revision, "updated": r.updated, "deleted": r.deleted, "title": r.title}
-            | ({"text": r.body} if r.kind == "fact" else {})  # a fact has no title: its history is its text
-            for r in revs
-        ],
-    }
+    conflicts = store.conflicts.get(revs[0].id, [])
+    known = versions(revs, conflicts, "")
+    current = revs[-1].version
+    unresolved = {s for s in heads(known) if s != current} if current else set()
+
+    def row(r: Record) -> dict[str, Any]:
+        out = {"revision": r.revision, "updated": r.updated, "deleted": r.deleted, "title": r.title}
+        if r.kind == "fact":  # a fact has no title: its history is its text
+            out["text"] = r.body
+        if r.conflict:  # a concurrent edit from another device that did not win (sync): kept
+            out["conflict"] = True
+            out["body"] = r.body
+        if r.version:
+            out["device"] = r.version.partition("-")[2]
+            if r.version in unresolved and r is known[r.version].record:
+                out["unresolved"] = True  # a head no later edit named: `sync status` lists the record
+        return out
+
+    return {"id": revs[0].id, "revisions": [row(r) for r in revs] + [row(r) for r in conflicts]}
 
 
 def memory_list(app: App, ctx: Context) -> dict[str, Any]:

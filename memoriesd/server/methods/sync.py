@@ -41,7 +41,7 @@ def sync_add(app: App, ctx: Context) -> dict[str, Any]:
             f"`memories vault policy {vault.name} --device-only off` first"
         )
     text = ctx.params.text("target", allow_empty=False, max_len=4096)
-    transport = parse_target(text)
+    transport = parse_target(text, config=app.config)
     transport.ensure()
     data = transport.read(HEADER_FILE)
     if data is not None:
@@ -96,7 +96,7 @@ def vault_join(app: App, ctx: Context) -> dict[str, Any]:
     """Make the vault on this device from a target and the passphrase, then pull everything."""
     text = ctx.params.text("target", allow_empty=False, max_len=4096)
     name = ctx.params.text("name", None, max_len=200)
-    transport = parse_target(text)
+    transport = parse_target(text, config=app.config)
     data = transport.read(HEADER_FILE)
     if data is None:
         raise TargetError(f"{transport.describe()} holds no vault (no {HEADER_FILE}): check the path, or wait until the sync tool has copied it")
