@@ -307,6 +307,18 @@ class VaultSync:
                     out.append(rid)
         return sorted(out)
 
+    def summary(self) -> dict[str, Any]:
+        """What `memories status` shows of sync: counts and times from the state alone (no walk of
+        the records, unlike :meth:`status`), so the overview stays cheap."""
+        targets = list(self.state.targets.values())
+        pulls = [t.last_pull for t in targets]
+        return {
+            "targets": len(targets),
+            "last_sync": min(pulls) if pulls and all(pulls) else None,
+            "errors": sum(1 for t in targets if t.error),
+            "problems": sum(len(t.problems) for t in targets),
+        }
+
     def status(self) -> dict[str, Any]:
         me = self.state.device
         conflicted = self.conflicted()
