@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Daemon, cli_json, print_log_if_failed, run_cli, short_tmpdir, write_config
+from .terminal import Terminal
 
 PASS = "correct horse battery staple"
 
@@ -146,16 +147,14 @@ def test_sync_errors_are_one_line_with_what_to_do(pair: Pair) -> None:
     )
     assert PASS not in line and "not it" not in line
     assert cli_json(b, "vault", "list")["vaults"] == []  # a refused join leaves no vault behind
-    ok(
-        b,
-        "vault",
-        "join",
-        str(root / "work-target"),
-        "--name",
-        "job",
-        "--passphrase-stdin",
-        input=PASS + "\n",
-    )
+    t = Terminal(b, "vault", "join", str(root / "work-target"), "--name", "job")  # on a terminal: asked again
+    t.expect("Passphrase: ")
+    t.type("wrong one")
+    t.expect("wrong passphrase, try again (2 left)", "err")
+    t.expect("Passphrase: ")
+    t.type(PASS)
+    assert t.finish() == 0, t.err
+    assert "Joined vault job" in t.err and PASS not in t.err + t.out + t.screen
     assert [v["name"] for v in cli_json(b, "vault", "list")["vaults"]] == ["job"]
 
     ok(a, "vault", "create", "private", "--device-only", "--passphrase-stdin", input=PASS + "\n")
