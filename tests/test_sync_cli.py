@@ -127,7 +127,7 @@ def test_sync_errors_are_one_line_with_what_to_do(pair: Pair) -> None:
         str(empty),
         "--passphrase-stdin",
         code="sync_target",
-        exit_code=1,
+        exit_code=6,
         input=PASS + "\n",
     )
     assert "holds no vault" in line
@@ -165,7 +165,7 @@ def test_sync_errors_are_one_line_with_what_to_do(pair: Pair) -> None:
 
     ok(a, "vault", "create", "other", "--passphrase-stdin", input=PASS + "\n")
     line = one_line_error(
-        a, "sync", "add", "other", str(root / "work-target"), code="sync_target", exit_code=1
+        a, "sync", "add", "other", str(root / "work-target"), code="sync_target", exit_code=6
     )
     assert "holds another vault" in line
     line = one_line_error(a, "sync", "now", "other", code="usage", exit_code=2)
