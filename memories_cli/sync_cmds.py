@@ -351,7 +351,8 @@ def forget_device(
     Its tip file is deleted and it no longer holds back compaction. Limits: a device that had the
     key had the data; it keeps what it synced, and while the vault's key is the same it can still
     read and write the target (it shows again if it syncs). To shut it out of new data, change the
-    key with `memories vault passwd VAULT --rekey` after this.
+    key with `memories vault passwd VAULT --rekey` after this (the other devices then need the new
+    passphrase).
     """
     params: dict[str, Any] = {"vault": vault, "device": device}
     if target is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -347,7 +348,7 @@ class VaultSync:
                     "error": ts.error or None,
                 }
             )
-        return {"device": me, "label": self.state.label, "targets": targets, "conflicts": sorted(conflicted)}
+        return {"device": me, "label": self.state.label or socket.gethostname()[:64], "targets": targets, "conflicts": sorted(conflicted)}
 
 
 def _branches(revs: tuple[Any, ...]) -> bool:
