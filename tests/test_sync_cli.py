@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, cli_json, print_log_if_failed, run_cli, short_tmpdir, write_config
+from .conftest import REPO, Daemon, cli_json, print_log_if_failed, run_cli, short_tmpdir, write_config
 from .terminal import Terminal
 
 PASS = "correct horse battery staple"
@@ -34,7 +34,12 @@ def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
     homes = [root / "a", root / "b"]
     for h in homes:
         write_config(h)
-    daemons = [Daemon(h).start() for h in homes]
+    keyring = {  # the second device remembers a joined vault's key (tests/memkeyring.py)
+        "PYTHON_KEYRING_BACKEND": "tests.memkeyring.FileKeyring",
+        "PYTHONPATH": str(REPO),
+        "MEMORIES_TEST_KEYRING": str(root / "keyring.json"),
+    }
+    daemons = [Daemon(homes[0]).start(), Daemon(homes[1], env=keyring).start()]
     try:
         yield Pair(daemons[0], daemons[1], root)
     finally:
@@ -147,7 +152,7 @@ def test_sync_errors_are_one_line_with_what_to_do(pair: Pair) -> None:
     )
     assert PASS not in line and "not it" not in line
     assert cli_json(b, "vault", "list")["vaults"] == []  # a refused join leaves no vault behind
-    t = Terminal(b, "vault", "join", str(root / "work-target"), "--name", "job")  # on a terminal: asked again
+    t = Terminal(b, "vault", "join", str(root / "work-target"), "--name", "job", "--remember")  # asked again
     t.expect("Passphrase: ")
     t.type("wrong one")
     t.expect("wrong passphrase, try again (2 left)", "err")
@@ -156,6 +161,8 @@ def test_sync_errors_are_one_line_with_what_to_do(pair: Pair) -> None:
     assert t.finish() == 0, t.err
     assert "Joined vault job" in t.err and PASS not in t.err + t.out + t.screen
     assert [v["name"] for v in cli_json(b, "vault", "list")["vaults"]] == ["job"]
+    ok(b, "vault", "lock", "job")
+    ok(b, "vault", "unlock", "job")  # remembered at the join: no passphrase asked
 
     ok(a, "vault", "create", "private", "--device-only", "--passphrase-stdin", input=PASS + "\n")
     line = one_line_error(
