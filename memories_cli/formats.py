@@ -109,7 +109,7 @@ def csv_cell(value: Any) -> str:
 
 
 #: Columns that hold a time (seconds since the epoch in JSON): ISO 8601 in CSV.
-DATE_COLUMNS = frozenset({"created", "updated", "expires", "last_used", "last_recall"})
+DATE_COLUMNS = frozenset({"created", "updated", "expires", "last_used", "last_recall", "last_push", "last_pull", "last_sync"})
 
 
 def iso_time(ts: float) -> str:

@@ -37,6 +37,9 @@ COMMANDS: tuple[Lazy, ...] = (
         "memories_cli.tidy_cmds:register",  # memory summarize, prune
     )),
     Lazy("rag", "Ingest documents, search them and ask questions.", ("memories_cli.rag_cmds:register_rag",)),
+    Lazy("sync", "Sync vaults between devices through a folder or an rclone remote, sealed end to end.", (
+        "memories_cli.sync_cmds:sync_app",
+    )),
     Lazy("grant", "Create, list and revoke grants that let AI tools reach one vault.", ("memories_cli.grant_cmds:register",)),
     Lazy("mcp", "Serve MCP over stdio for an AI client, limited to one grant.", ("memories_cli.grant_cmds:register",)),
     Lazy("daemon", "Start, stop, restart and inspect the memoriesd daemon.", ("memories_cli.vault_cmds:daemon_app",)),

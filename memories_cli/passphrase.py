@@ -73,13 +73,13 @@ def checked_new(passphrase: str, context: str, interactive: bool, prompt: str) -
         passphrase = prompt_secret(prompt, confirm=True)
 
 
-def unlock_asking(params: dict[str, Any]) -> Any:
-    """Unlock with a passphrase typed at the terminal: a wrong one is asked again, ``UNLOCK_TRIES`` in all
-    (the daemon's slow-down after failures still applies to each)."""
+def unlock_asking(params: dict[str, Any], method: str = "vault.unlock") -> Any:
+    """Unlock (or ``vault.join``) with a passphrase typed at the terminal: a wrong one is asked again,
+    ``UNLOCK_TRIES`` in all (the daemon's slow-down after failures still applies to each)."""
     for attempt in range(UNLOCK_TRIES):
         params["passphrase"] = prompt_secret("Passphrase: ")
         try:
-            return call("vault.unlock", params)
+            return call(method, params)
         except MemoriesError as exc:
             left = UNLOCK_TRIES - 1 - attempt
             if exc.code != "bad_passphrase" or not left:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memoriesd.text.humanize import duration
+from memoriesd.text.humanize import ago, duration
 
 from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit, md_escape
 from .state import call, cli_command, notice, table
@@ -28,6 +28,9 @@ COLUMNS = (
     "embedding",
     "auto_lock_seconds",
     "grants",
+    "sync_targets",
+    "last_sync",
+    "sync_errors",
 )
 
 
@@ -39,6 +42,8 @@ def _flat(v: dict[str, Any]) -> dict[str, Any]:
         for k in ("vault_id", "name", "locked", "records", "fragments", "auto_lock_seconds", "grants")
     }
     row.update({"embedded": emb.get("embedded"), "total": emb.get("total"), "embedding": emb.get("state")})
+    sync = v.get("sync") or {}
+    row.update({"sync_targets": sync.get("targets"), "last_sync": sync.get("last_sync"), "sync_errors": sync.get("errors")})
     for extra in ("corrupt", "busy", "index"):
         if extra in v:
             row[extra] = v[extra]
@@ -70,6 +75,17 @@ def embedding_text(v: dict[str, Any]) -> str:
     if emb.get("eta_seconds"):
         text += f", about {duration(float(emb['eta_seconds']))} left"
     return text
+
+
+def sync_text(v: dict[str, Any]) -> str:
+    """``synced 2 min ago``, ``never synced``, ``error`` (see `sync status`); "" when it does not sync."""
+    info = v.get("sync")
+    if v.get("locked", True) or not isinstance(info, dict):
+        return ""
+    if info.get("errors"):
+        return "error: see sync status"
+    text = "never synced" if not info.get("last_sync") else f"synced {ago(info['last_sync'])}"
+    return text + (f", {info['problems']} problem(s)" if info.get("problems") else "")
 
 
 def _auto_lock(v: dict[str, Any]) -> str:
@@ -105,6 +121,8 @@ def status(
     """Every vault at a glance: locked or unlocked, records, index and embedding progress, auto-lock, grants.
 
     One request to the daemon; a locked vault shows its name and id only (its content is sealed).
+    A SYNC column appears when a vault syncs: when it last pulled from every target, or an error
+    (`memories sync status` has the details).
     """
     fmt = chosen(format_, color)
     out = call("vault.overview", {"vault": vault} if vault else {})
@@ -114,8 +132,9 @@ def status(
         if not rows:
             notice(f"There are no vaults yet: create one with `{cli_command('vault', 'create', 'NAME')}`.")
             return
+        synced = any(v.get("sync") for v in rows)  # the SYNC column only where a vault syncs
         table(
-            ["NAME", "VAULT_ID", "STATE", "RECORDS", "FRAGMENTS", "EMBEDDING", "AUTO-LOCK", "GRANTS"],
+            ["NAME", "VAULT_ID", "STATE", "RECORDS", "FRAGMENTS", "EMBEDDING", "AUTO-LOCK", "GRANTS"] + (["SYNC"] if synced else []),
             [
                 [
                     v["name"],
@@ -127,6 +146,7 @@ def status(
                     _auto_lock(v),
                     _count(v, "grants"),
                 ]
+                + ([sync_text(v)] if synced else [])
                 for v in rows
             ],
         )
@@ -143,4 +163,4 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status)
 
 
-__all__ = ["register", "status", "embedding_text", "state_word"]
+__all__ = ["register", "status", "embedding_text", "state_word", "sync_text"]

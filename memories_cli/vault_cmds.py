@@ -186,6 +186,50 @@ def unlock(
     report(out, f"Unlocked vault {out['name']}.")
 
 
+@vault_app.command("join")
+def join(
+    target: Annotated[
+        str, typer.Argument(help="Where the vault syncs: a folder (/path, ~/path) or rclone:REMOTE:PATH.")
+    ],
+    name: Annotated[
+        str | None, typer.Option("--name", help="The vault's name on this device (default: its name on the target).")
+    ] = None,
+    passphrase_stdin: PassStdin = False,
+    passphrase_file: PassFile = None,
+    remember: Annotated[bool, typer.Option("--remember", help="Keep the unlock secret in the OS keyring.")] = False,
+) -> None:
+    """Make a vault on this device from a sync target and its passphrase, then sync it.
+
+    Reads the vault from TARGET (added elsewhere with `memories sync add`), opens it with the
+    vault's passphrase (asked up to three times on a terminal; once from stdin or a file), pulls
+    every record and leaves the vault unlocked, syncing with TARGET from then on. Search by
+    words works at once; embedding continues in the background (`memories status` shows it).
+    Prints the new VAULT_ID alone on the last line.
+    """
+    params: dict[str, Any] = {"target": target, "remember": remember}
+    if name is not None:
+        params["name"] = name
+    if passphrase_stdin or passphrase_file:
+        params["passphrase"] = _one_passphrase(passphrase_stdin, passphrase_file, confirm=False)
+        out = call("vault.join", params)
+    else:
+        out = unlock_asking(params, "vault.join")
+    for n in out.pop("notices", []):
+        notice(n)
+    if STATE.json:
+        emit_json(out)
+        return
+    for tid, result in (out.get("results") or {}).items():
+        if result.get("error"):
+            notice(f"warning: the first sync with {target} ({tid}) stopped: {result['error']}")
+    records = int(out.get("records") or 0)
+    notice(
+        f"Joined vault {out['name']} ({out['vault_id']}, unlocked): {records:,} record{'s' if records != 1 else ''}; "
+        "embedding continues in the background (`" + cli_command("status") + "` shows it)."
+    )
+    print(out["vault_id"])
+
+
 @vault_app.command("lock")
 def lock(
     vault: Annotated[str | None, typer.Argument(help="Vault id or name.")] = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -303,6 +304,18 @@ class VaultSync:
                     out.append(rid)
         return sorted(out)
 
+    def summary(self) -> dict[str, Any]:
+        """What `memories status` shows of sync: counts and times from the state alone (no walk of
+        the records, unlike :meth:`status`), so the overview stays cheap."""
+        targets = list(self.state.targets.values())
+        pulls = [t.last_pull for t in targets]
+        return {
+            "targets": len(targets),
+            "last_sync": min(pulls) if pulls and all(pulls) else None,
+            "errors": sum(1 for t in targets if t.error),
+            "problems": sum(len(t.problems) for t in targets),
+        }
+
     def status(self) -> dict[str, Any]:
         me = self.state.device
         conflicted = self.conflicted()
@@ -331,7 +344,7 @@ class VaultSync:
                     "error": ts.error or None,
                 }
             )
-        return {"device": me, "label": self.state.label, "targets": targets, "conflicts": sorted(conflicted)}
+        return {"device": me, "label": self.state.label or socket.gethostname()[:64], "targets": targets, "conflicts": sorted(conflicted)}
 
 
 def _branches(revs: tuple[Any, ...]) -> bool:

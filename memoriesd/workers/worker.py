@@ -177,8 +177,16 @@ class BoundVaults(VaultManager):
         if not self._may_create or shared.vault_id != self.vault_id:
             raise not_mine(self.vault_id)
         self._may_create = False
-        with kdf_turn(self.home):
-            return super().join(shared, passphrase, name_of)
+        joined = False
+        try:
+            with kdf_turn(self.home):
+                store = super().join(shared, passphrase, name_of)
+            joined = True
+            return store
+        finally:
+            # A refused join (a wrong passphrase) made nothing: the CLI's next try, which the router
+            # sends to this same process until it ends, may join again (a create's retry gets a new id).
+            self._may_create = not joined
 
     def unlock(self, ref: str, passphrase: bytearray | None) -> VaultStore:
         self.mine(ref)

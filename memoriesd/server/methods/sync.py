@@ -17,7 +17,7 @@ from ...sync.transport import TargetError, parse_target
 from ...vault.manager import validate_name
 from ..context import Context
 from ..method import Method
-from .vaults import _passphrase, _wipe
+from .vaults import _passphrase, _remember, _wipe
 
 if TYPE_CHECKING:
     from ...vault.live import LiveVault
@@ -70,7 +70,7 @@ def sync_now(app: App, ctx: Context) -> dict[str, Any]:
     vault = app.lease(ctx)
     vs = _sync(app, vault)
     results = vs.cycle(ctx.params.text("target", None))
-    return {"vault_id": vault.vault_id, "results": results, **vs.status()}
+    return {"vault_id": vault.vault_id, "name": vault.name, "results": results, **vs.status()}
 
 
 def sync_remove(app: App, ctx: Context) -> dict[str, Any]:
@@ -131,7 +131,11 @@ def vault_join(app: App, ctx: Context) -> dict[str, Any]:
     assert vs is not None
     tid, _ts = vs.add(text)
     results = vs.cycle(tid)
-    return {"vault_id": store.vault_id, "name": store.name, "target_id": tid, "results": results, "records": len(store.latest())}
+    out: dict[str, Any] = {"vault_id": store.vault_id, "name": store.name, "target_id": tid, "results": results, "notices": []}
+    if ctx.params.flag("remember", False):
+        _remember(app, vault.store, out)
+    out["records"] = len(store.latest())
+    return out
 
 
 #: The methods this module serves (assembled into the daemon's table by memoriesd.main).

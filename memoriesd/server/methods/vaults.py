@@ -83,6 +83,9 @@ def overview_of(app: App, vault_id: str) -> dict[str, Any]:
     from .grants import _grants_of
 
     info["grants"] = len(_grants_of(store))
+    synced = app.sync.of(live)
+    if synced is not None and synced.state.targets:
+        info["sync"] = synced.summary()
     if app.rag is not None:
         from ...rag.status import embedding_progress
 
