@@ -92,6 +92,7 @@ class TargetSync:
         self._unreadable: dict[str, float] = {}  # name -> first time it did not open (this process)
         self._inbox: dict[str, dict[int, tuple[str, Opened]]] = {}  # device -> seq -> (name, opened), not yet applied
         self._markers: dict[str, Opened] = {}
+        clock.mark_published(target_id, state.targets[target_id].upto)
 
     @property
     def ts(self) -> TargetState:
@@ -131,6 +132,7 @@ class TargetSync:
             self._take(name, opened)
         self._switch_epoch(out)
         self._apply_inbox(out)
+        self.clock.mark_published(self.tid, ts.upto)
         ts.last_pull = time.time()
         self._save()
         return out
@@ -363,6 +365,7 @@ class TargetSync:
         if mine:
             ts.upto = max(ts.upto, *mine)
         ts.own.append([seq, ts.upto])
+        self.clock.mark_published(self.tid, ts.upto)
         if any(v.get("f") for v in chunk):
             ts.forget_seq = seq
         ts.files[name] = [SEGMENT, self.device, ts.epoch, seq, ts.hash]
@@ -499,6 +502,7 @@ class TargetSync:
         if ts.seq > mine:  # what this device published after the cut is published again
             covered = [u for s, u in ts.own if s <= mine]
             ts.upto = covered[-1] if covered else ""
+            self.clock.mark_published(self.tid, ts.upto)
         ts.epoch, ts.hash, ts.own = top, "", []
         ts.files = {n: f for n, f in ts.files.items() if f[2] >= top}
         for dev, peer in ts.peers.items():

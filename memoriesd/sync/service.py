@@ -115,6 +115,7 @@ class VaultSync:
             if watcher is not None:
                 watcher.stop()
             ts = self.state.targets.pop(tid)
+            self.clock.mark_published(tid, None)
             self.save()
         return ts
 
@@ -213,8 +214,9 @@ class VaultSync:
                 except DeviceForked:
                     self.clock = Clock(self.state.device, _highest_hlc(self.vault))
                     self.store.stamper = self.clock
-                    for other in self._targets.values():
+                    for other_id, other in self._targets.items():
                         other.clock = self.clock
+                        self.clock.mark_published(other_id, self.state.targets[other_id].upto)
             else:  # pragma: no cover - a second fork in one cycle
                 raise TargetError("this device's history forked twice in one sync: run `memories sync now` again")
             _days = self._settings()[2]

@@ -42,6 +42,7 @@ class Clock:
         self._device = device
         self._last = floor
         self._lock = threading.Lock()
+        self._published: dict[str, str] = {}  # target id -> highest own stamp published there
 
     @property
     def device(self) -> str:
@@ -53,6 +54,20 @@ class Clock:
             wall = int(time.time() * 1000) << 16
             self._last = max(wall, self._last + 1)
             return f"{self._last:016x}-{self._device}"
+
+    def mark_published(self, target: str, upto: str | None) -> None:
+        """This device's versions up to ``upto`` are on ``target`` (None: the target is gone)."""
+        with self._lock:
+            if upto is None:
+                self._published.pop(target, None)
+            else:
+                self._published[target] = upto
+
+    @property
+    def published_upto(self) -> str:
+        """The highest own stamp every target has ("" when one has none, or there is no target)."""
+        with self._lock:
+            return min(self._published.values()) if self._published else ""
 
     def observe(self, stamp: str) -> None:
         """A stamp received from another device: later stamps of this clock are higher."""

@@ -29,6 +29,11 @@ class Stamper(Protocol):
     @property
     def device(self) -> str: ...
 
+    @property
+    def published_upto(self) -> str:
+        """This device's versions up to this stamp are on every target (others may hold them)."""
+        ...
+
     def next(self) -> str: ...
 
 
