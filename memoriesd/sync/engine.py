@@ -157,24 +157,38 @@ class TargetSync:
         self.ts.problems[kind] = text
 
     def _read_header(self) -> bool:
+        """Follow a passphrase change made on another device (its header, authentic under this key,
+        newer than the one this device has); refuse a target whose header is another vault's or
+        wraps another key (a key change elsewhere: ``sync adopt-key``)."""
         data = self.transport.read(HEADER_FILE)
         if data is None:
             return False
         try:
             th = read_target_header(data)
-            meta = json.loads(self.codec.open_name(th.sealed_name))
-        except (ValueError, Unreadable):
-            self._problem("header", "the target's memories-sync.json is not this vault's or is damaged: sync stopped; remove the target or restore the file")
+        except ValueError:
+            self._problem("header", "the target's memories-sync.json is damaged: sync stopped; restore the file, or remove the target")
+            raise TargetRefused(self.ts.problems["header"]) from None
+        if th.header.vault_id != self.store.vault_id:
+            self._problem("header", "the target's memories-sync.json is another vault's: sync stopped; restore the file, or remove the target")
+            raise TargetRefused(self.ts.problems["header"]) from None
+        if not self.store.shares_key(th.header):
+            self._problem(
+                "header",
+                f"the vault's key was changed on another device (vault passwd --rekey): run `memories sync adopt-key {self.store.name}` "
+                "with the new passphrase",
+            )
             raise TargetRefused(self.ts.problems["header"]) from None
         try:
-            if float(meta.get("wrapped", 0.0)) <= self.ts.wrap_time:
-                return False
-            changed = self.store.adopt_wrap(th.header)
-        except ValueError:
-            self._problem("header", "the vault's key was changed on another device (vault passwd --rekey): lock this vault, then run `memories vault join` again with the new passphrase")
+            meta = json.loads(self.codec.open_name(th.sealed_name))
+            wrapped = float(meta.get("wrapped", 0.0))
+        except (ValueError, Unreadable, AttributeError):
+            self._problem("header", "the target's memories-sync.json is damaged: sync stopped; restore the file, or remove the target")
             raise TargetRefused(self.ts.problems["header"]) from None
-        self.ts.wrap_time = float(meta.get("wrapped", 0.0))
         self.ts.problems.pop("header", None)
+        if wrapped <= self.ts.wrap_time:
+            return False
+        changed = self.store.adopt_wrap(th.header)
+        self.ts.wrap_time = wrapped
         if changed:
             log.info("sync %s: the vault's passphrase was changed on another device: this device's header follows", self.tid)
         return changed
@@ -392,17 +406,23 @@ class TargetSync:
         self._last_tip, self._tip_time = (ts.epoch, ts.seq, acks), time.time()
 
     def _write_header_if_needed(self) -> None:
-        data = self.transport.read(HEADER_FILE)
+        self._write_header(force=False)
+
+    def _write_header(self, *, force: bool) -> None:
+        """The target's header: written when missing, when this device's passphrase changed (its
+        wrap differs), and after a key change here (``force``)."""
         shared = self.store.shared_header()
-        if data is not None:
-            try:
-                th = read_target_header(data)
-            except ValueError:
-                raise TargetRefused("the target's memories-sync.json is damaged: restore it, or remove the target and add it again") from None
-            if th.header.kdf == shared.kdf and th.header.wrap == shared.wrap:
-                return
-            if th.header.vault_id != self.store.vault_id:
-                raise TargetRefused("the target holds another vault: choose an empty folder or path for this vault")
+        if not force:
+            data = self.transport.read(HEADER_FILE)
+            if data is not None:
+                try:
+                    th = read_target_header(data)
+                except ValueError:
+                    raise TargetRefused("the target's memories-sync.json is damaged: restore it, or remove the target and add it again") from None
+                if th.header.vault_id != self.store.vault_id:
+                    raise TargetRefused("the target holds another vault: choose an empty folder or path for this vault")
+                if th.header.kdf == shared.kdf and th.header.wrap == shared.wrap:
+                    return
         wrapped = time.time()
         meta = json.dumps({"name": self.store.name, "wrapped": wrapped})
         self.transport.write(HEADER_FILE, target_header_bytes(shared, self.codec.seal_name(meta)))
@@ -421,9 +441,29 @@ class TargetSync:
     def compact(self) -> dict[str, Any]:
         """Rewrite the target as a new epoch: base segments with every record's heads, a marker,
         then the old epoch's files removed (what was forgotten is in none of them)."""
-        ts = self.ts
         self.pull()
-        old_files = {n: f for n, f in ts.files.items() if f[0] == SEGMENT}
+        base = self._new_epoch()
+        removed = self._remove_old(set(base), everything=False)
+        log.info("sync %s: compacted into epoch %d (%d base segment(s), %d file(s) removed)", self.tid, self.ts.epoch, len(base), removed)
+        return {"epoch": self.ts.epoch, "base_segments": len(base), "files_removed": removed}
+
+    def rekey_target(self) -> dict[str, Any]:
+        """After a key change here: the target written again under the new key (a new epoch, the
+        header that wraps it), and every file under the old key removed. Other devices take the
+        new key with ``memories sync adopt-key`` and the new passphrase."""
+        ts = self.ts
+        base = self._new_epoch()
+        self._write_header(force=True)
+        removed = self._remove_old(set(base), everything=True)
+        ts.rekey = False
+        self._save()
+        log.info("sync %s: written again under the vault's new key (epoch %d, %d old file(s) removed)", self.tid, ts.epoch, removed)
+        return {"epoch": ts.epoch, "base_segments": len(base), "files_removed": removed}
+
+    def _new_epoch(self) -> list[str]:
+        """Base segments of the next epoch with every record's heads, its marker and this device's
+        tip; the names written."""
+        ts = self.ts
         cut = {d: p.seq for d, p in ts.peers.items() if d != self.device}
         cut[self.device] = ts.seq
         ts.epoch += 1
@@ -433,7 +473,8 @@ class TargetSync:
         base: list[str] = []
         chunk: list[dict[str, Any]] = []
         size = 0
-        for v in self._heads():
+        heads_now = self._heads()
+        for v in heads_now:
             n = len(json.dumps(v, ensure_ascii=False))
             if chunk and size + n > SEGMENT_PLAIN_BYTES:
                 base.append(self._write_segment(chunk, out, base=True))
@@ -441,26 +482,47 @@ class TargetSync:
             chunk.append(v)
             size += n
         base.append(self._write_segment(chunk, out, base=True))
-        ts.upto = max([ts.upto, *[s for s in (v["v"] for v in self._heads()) if stamp_device(s) == self.device]] or [""])
+        ts.upto = max([ts.upto, *[v["v"] for v in heads_now if stamp_device(v["v"]) == self.device]])
+        self.clock.mark_published(self.tid, ts.upto)
+        marker_name = self.codec.epoch_name(ts.epoch, self.device)
         marker = {"device": self.device, "epoch": ts.epoch, "base": base, "cut": cut, "time": time.time()}
-        self.transport.write(self.codec.epoch_name(ts.epoch, self.device), self.codec.seal(EPOCH, marker))
+        self.transport.write(marker_name, self.codec.seal(EPOCH, marker))
         self._write_tip()
-        removed = 0
-        for name in old_files:
-            self.transport.delete(name)
-            ts.files.pop(name, None)
-            removed += 1
-        for name, opened in list(self._markers.items()):
-            if int(opened.doc.get("epoch", 0)) < ts.epoch:
-                self.transport.delete(name)
-                self._markers.pop(name)
         for peer in ts.peers.values():
             peer.hash = ""
         ts.forget_seq = 0
         ts.problems.pop("fork", None)
         self._save()
-        log.info("sync %s: compacted into epoch %d (%d base segment(s), %d file(s) removed)", self.tid, ts.epoch, len(base), removed)
-        return {"epoch": ts.epoch, "base_segments": len(base), "files_removed": removed}
+        return [*base, marker_name, self.codec.tip_name(self.device)]
+
+    def _remove_old(self, keep: set[str], *, everything: bool) -> int:
+        """Remove the files of older epochs (segments and markers; ``everything``: every sync file
+        but ``keep``, tips and files that do not open included: a key change)."""
+        ts = self.ts
+        removed = 0
+        for entry in self.transport.list():
+            name = entry.name
+            if not NAME_RE.match(name) or name in keep:
+                continue
+            if not everything:
+                known = ts.files.get(name)
+                if known is not None:
+                    old = known[2] < ts.epoch
+                else:
+                    data = self.transport.read(name)
+                    try:
+                        opened = self.codec.open(name, data or b"")
+                    except Unreadable:
+                        continue
+                    old = opened.kind != TIP and int(opened.doc.get("epoch", 0)) < ts.epoch
+                if not old:
+                    continue
+            self.transport.delete(name)
+            ts.files.pop(name, None)
+            self._markers.pop(name, None)
+            removed += 1
+        self._save()
+        return removed
 
     def _heads(self) -> list[dict[str, Any]]:
         from ..vault.versions import heads

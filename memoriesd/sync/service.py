@@ -206,6 +206,8 @@ class VaultSync:
         ts = self.state.targets[tid]
         self.vault.acquire(touch=False)
         try:
+            if ts.rekey:  # the key changed here: the target is written again under it first
+                sync.rekey_target()
             for _ in range(2):
                 try:
                     pulled = sync.pull()

@@ -20,6 +20,7 @@ from typing import Any
 from ..vault import crypto
 from ..vault.format import atomic_write
 from ..vault.keys import VaultKeys
+from ..vault.rekey import Rekeying
 from .stamps import new_device_id
 
 log = logging.getLogger("memoriesd.sync")
@@ -55,6 +56,7 @@ class TargetState:
     files: dict[str, list[Any]] = field(default_factory=dict)  # name -> [kind, device, epoch, seq, digest] of opened files
     wrap_time: float = 0.0  # the passphrase change (its time) whose header this device has
     forget_seq: int = 0  # the own segment holding the latest forget not yet compacted away
+    rekey: bool = False  # the vault key changed here: the target is to be written again under it
     last_push: float = 0.0
     last_pull: float = 0.0
     pushed: int = 0  # versions published in all
@@ -116,4 +118,27 @@ class StateFile:
         self._sealer.wipe()
 
 
-__all__ = ["MAGIC", "Peer", "STATE_NAME", "StateFile", "SyncState", "TargetState"]
+def rekey_sync_state(rk: Rekeying) -> dict[str, int]:
+    """A key change's stage for ``sync-state.bin``: sealed again under the new key. A key made here
+    marks every target to be written again under it (the next cycle does: a new epoch, the header,
+    the old files removed); a key taken from another device (``rk.adopted``) marks nothing."""
+    store = rk.store
+    old = StateFile(store.dir, store.vault_id, rk.old_keys)
+    new = StateFile(store.dir, store.vault_id, rk.new_keys)
+    new.path = rk.staged(STATE_NAME)
+    try:
+        state = old.load()
+        if state is None:
+            return {}
+        for ts in state.targets.values():
+            ts.rekey = not rk.adopted
+            ts.files = {}  # names under the old key: the new key names every file anew
+            ts.problems.pop("header", None)
+        new.save(state)
+        return {"sync_targets": len(state.targets)}
+    finally:
+        old.wipe()
+        new.wipe()
+
+
+__all__ = ["MAGIC", "Peer", "STATE_NAME", "StateFile", "SyncState", "TargetState", "rekey_sync_state"]

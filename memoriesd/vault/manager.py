@@ -387,6 +387,38 @@ class VaultManager:
                     offline.close()
         log.info("vault %s passphrase changed", vault_id)
 
+    def adopt_key(self, ref: str, shared: Header, passphrase: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
+        """A key change made on another device (sync): the key ``shared`` (a target's header) wraps
+        under ``passphrase`` (the new one) replaces this vault's, which must be unlocked; every file
+        is sealed again under it, as a key change here does (:func:`.rekey.rekey` with ``adopt``)."""
+        vault_id = self.resolve(ref)
+        entry = self.live(vault_id)
+        if entry is None:
+            raise locked_error(self.name_of(vault_id))
+        new_key = self._slowed(vault_id, lambda: unwrap_key(shared, passphrase))
+        try:
+            if shared.vault_id != vault_id or not shared.verify_mac(new_key):
+                raise VaultCorrupt("the sync target's header was altered: restore its memories-sync.json, or join from a target you trust")
+            with self._gate(vault_id):
+                key = bytearray(entry.store.key)
+                self._close(vault_id, "key change")
+                store = VaultStore.open(self.home.vaults / vault_id, key=key)
+                try:
+                    stats = rekey(store, b"", self.kdf(), parts, adopt=(new_key, shared))
+                except BaseException:
+                    if not store.closed and store.usable:
+                        self._register(store)
+                        self._notify_unlocked(vault_id)
+                    else:
+                        store.close()
+                    raise
+                self._register(store)
+                self._notify_unlocked(vault_id)
+        finally:
+            crypto.wipe(new_key)
+        log.info("vault %s took the key changed on another device", vault_id)
+        return {"vault_id": vault_id, **stats}
+
     def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
         """New passphrase and a new vault key: the whole vault is sealed again under it
         (:func:`.rekey.rekey`), so a copy of the old header opens nothing written since.

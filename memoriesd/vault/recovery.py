@@ -103,7 +103,7 @@ REKEY_PREFIX = "rekey-"
 REKEY_HEAD = REKEY_PREFIX + HEAD_NAME
 #: The sealed derived files of a vault (under subkeys of the vault key). Once a key change has
 #: switched, those left of the old key are removed (their staged replacements take their place).
-DERIVED_FILES = ("lexical-index.bin", "vector-spaces.bin", "recalls.bin", "vectors-*.bin")
+DERIVED_FILES = ("lexical-index.bin", "vector-spaces.bin", "recalls.bin", "vectors-*.bin", "sync-state.bin")
 
 
 def staged_files(vault_dir: Path) -> list[Path]:

@@ -6,7 +6,7 @@ the old one written again under it, switched over by one atomic ``header.json`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class Rekeying:
 
     store: VaultStore
     new_key: bytearray  # stays in vault/: derived files get :attr:`old_keys` and :attr:`new_keys`
+    adopted: bool = False  # the key came from another device (sync), not made here
 
     @property
     def old_keys(self) -> VaultKeys:
@@ -66,7 +67,10 @@ class RekeyParts:
     stage: Sequence[Callable[[Rekeying], dict[str, int] | None]] = ()
 
 
-def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, parts: RekeyParts | None = None) -> dict[str, int]:
+def rekey(
+    store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, parts: RekeyParts | None = None,
+    adopt: tuple[bytearray, Header] | None = None,
+) -> dict[str, int]:
     """New passphrase AND a new random vault key: every file sealed under the old key is
     written again under the new one, so a copy of the old header opens nothing written since.
 
@@ -79,18 +83,27 @@ def rekey(store: VaultStore, new_passphrase: bytes | bytearray, kdf: KdfParams, 
 
     The caller holds the vault closed (no attachment uses the old key) and serialises Argon2id
     runs. Returns the counts the stages report.
+
+    ``adopt`` (a key change made on another device, received through sync): that key and that
+    header's wrap and KDF parameters instead of a new key and ``new_passphrase`` (unused then).
     """
     parts = parts or RekeyParts()
     with store.lock:
         store._check_writable()
         _clear_earlier_attempt(store)
         new_key = crypto.new_key()
-        rk = Rekeying(store, new_key)
+        if adopt is not None:
+            new_key[:] = adopt[0]
+        rk = Rekeying(store, new_key, adopted=adopt is not None)
         records = crypto.Sealer(new_key, crypto.LABEL_RECORDS)
         head_sealer = crypto.Sealer(new_key, crypto.LABEL_HEAD)
         switched = False
         try:
-            header = new_header(store.header, new_passphrase, new_key, kdf)
+            if adopt is None:
+                header = new_header(store.header, new_passphrase, new_key, kdf)
+            else:
+                header = replace(store.header, kdf=dict(adopt[1].kdf), wrap=adopt[1].wrap)
+                header.mac = header.compute_mac(new_key)
             epoch = store.head.epoch + 1
             new_head, settings, stats = _stage(rk, parts, epoch, records, head_sealer)
             _switch_header(store, header)

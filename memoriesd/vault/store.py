@@ -380,6 +380,12 @@ class VaultStore(LogWriter):
             out.mac = out.compute_mac(self.key)
             return out
 
+    def shares_key(self, shared: Header) -> bool:
+        """Whether ``shared`` (a sync target's header copy) is authentic under this vault's key."""
+        with self.lock:
+            self._check_open()
+            return shared.vault_id == self.vault_id and shared.verify_mac(self.key)
+
     def adopt_wrap(self, shared: Header) -> bool:
         """A passphrase change made on another device: take its KDF parameters and wrapped key when
         ``shared`` (a target's header copy) is authentic under this vault's key. True when the local

@@ -17,7 +17,6 @@ from typing import Protocol
 
 from .records import Record
 
-
 #: A setting per forgotten record of a synced vault (its value: the forget's stamp). Sync refuses
 #: every version of the record from then on; compaction keeps no tombstone of it.
 FORGOT_PREFIX = "sync.forgot."

@@ -198,6 +198,11 @@ class BoundVaults(VaultManager):
         with self._opening_turn(), kdf_turn(self.home):
             super().passwd(ref, old, new)
 
+    def adopt_key(self, ref: str, shared: Header, passphrase: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
+        self.mine(ref)
+        with kdf_turn(self.home):
+            return super().adopt_key(ref, shared, passphrase, parts)
+
     def rekey(self, ref: str, old: bytearray, new: bytearray, parts: RekeyParts | None = None) -> dict[str, Any]:
         """As passwd: ``kdf_turn`` before the gate (the order unlock takes them), held for the rewrite too."""
         self.mine(ref)

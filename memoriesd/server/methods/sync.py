@@ -14,6 +14,7 @@ from ...errors import DeviceOnly, UsageError, VaultExists
 from ...sync.segments import HEADER_FILE, Codec, Unreadable, read_target_header
 from ...sync.service import VaultSync
 from ...sync.transport import TargetError, parse_target
+from ...vault.live import locked_error
 from ...vault.manager import validate_name
 from ..context import Context
 from ..method import Method
@@ -92,6 +93,39 @@ def sync_forget_device(app: App, ctx: Context) -> dict[str, Any]:
     return {"vault_id": vault.vault_id, **vs.forget_device(ctx.params.text("target", None), ctx.params.text("device", allow_empty=False, max_len=64))}
 
 
+def sync_adopt_key(app: App, ctx: Context) -> dict[str, Any]:
+    """Take the key another device changed to (``vault passwd --rekey`` there), with the new passphrase:
+    this vault is sealed again under it and syncs on."""
+    from .vaults import rekey_parts
+
+    vault_id = app.vaults.resolve(ctx.params.text("vault", allow_empty=False))
+    live = app.vaults.live(vault_id)
+    if live is None:
+        raise locked_error(app.vaults.name_of(vault_id))
+    vs = _sync(app, live)
+    shared = None
+    for ts in list(vs.state.targets.values()):
+        data = parse_target(ts.target, config=app.config).read(HEADER_FILE)
+        if data is None:
+            continue
+        try:
+            th = read_target_header(data)
+        except ValueError:
+            continue
+        if th.header.vault_id == vault_id and not live.store.shares_key(th.header):
+            shared = th.header
+            break
+    if shared is None:
+        raise UsageError(f"no target of vault {live.name} holds another key: nothing to adopt (see `memories sync status`)")
+    pw = _passphrase(ctx, "passphrase")
+    assert pw is not None
+    try:
+        out = app.vaults.adopt_key(vault_id, shared, pw, rekey_parts())
+    finally:
+        _wipe(pw)
+    return {"vault_id": vault_id, "adopted": True, **{k: v for k, v in out.items() if k != "vault_id"}}
+
+
 def vault_join(app: App, ctx: Context) -> dict[str, Any]:
     """Make the vault on this device from a target and the passphrase, then pull everything."""
     text = ctx.params.text("target", allow_empty=False, max_len=4096)
@@ -146,7 +180,8 @@ METHODS: list[Method[App]] = [
     Method("sync.remove", sync_remove),
     Method("sync.compact", sync_compact),
     Method("sync.forget_device", sync_forget_device),
+    Method("sync.adopt_key", sync_adopt_key),
     Method("vault.join", vault_join, route="create"),
 ]
 
-__all__ = ["sync_add", "sync_status", "sync_now", "sync_remove", "sync_compact", "sync_forget_device", "vault_join"]
+__all__ = ["sync_adopt_key", "sync_add", "sync_status", "sync_now", "sync_remove", "sync_compact", "sync_forget_device", "vault_join"]

@@ -194,6 +194,10 @@ def vault_passwd(app: App, ctx: Context) -> dict[str, Any]:
             out = dict(app.vaults.rekey(ref, old, new, rekey_parts()))
         else:
             app.vaults.passwd(ref, old, new)
+            live = app.vaults.live(app.vaults.resolve(ref))
+            vs = app.sync.of(live) if live is not None else None
+            if vs is not None:
+                vs.wake()  # the new header goes to the sync targets now
     finally:
         _wipe(old, new)
     return {"vault_id": app.vaults.resolve(ref), "changed": True, "rekeyed": rekey, **out}
@@ -204,9 +208,10 @@ def rekey_parts() -> RekeyParts:
     counters are sealed again under the new key (every other derived file is rebuilt)."""
     from ...index.vectors.maintenance import rekey_vectors
     from ...memory.recalls import rekey_recalls
+    from ...sync.state import rekey_sync_state
     from ..grants import carry_grant
 
-    return RekeyParts(setting=carry_grant, stage=(rekey_vectors, rekey_recalls))
+    return RekeyParts(setting=carry_grant, stage=(rekey_vectors, rekey_recalls, rekey_sync_state))
 
 
 def vault_delete(app: App, ctx: Context) -> dict[str, Any]:
