@@ -167,6 +167,9 @@ class SyncConfig:
     rclone_program: str = "rclone"
     rclone_config: str = ""  # rclone's config file; "" = rclone's own choice ($RCLONE_CONFIG, else its default)
     rclone_timeout_seconds: float = 120.0  # one rclone command (list, read, write, delete) is stopped after this
+    debounce_seconds: float = 1.0  # a change is pushed once nothing changed for this long (at most 10x after the first)
+    poll_seconds: float = 60.0  # how often a target is read when nothing says it changed (a watched folder: 5x this)
+    device_days: float = 30.0  # a forget leaves the target once every device seen in these last days applied it
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "context.budget": (32, 1_000_000),
     "watch.debounce_seconds": (0.05, 60),
     "sync.rclone_timeout_seconds": (1, 86400),
+    "sync.debounce_seconds": (0.05, 600),
+    "sync.poll_seconds": (1, 86400),
+    "sync.device_days": (1, 3650),
     "http.retries": (0, 5),
     "http.backoff_ms": (0, 60000),
     "http.connect_timeout_seconds": (0.05, 600),

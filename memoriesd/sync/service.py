@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memoriesd.sync")
 
-DEBOUNCE_SECONDS = 1.0
-POLL_SECONDS = 60.0
-DEVICE_DAYS = 30.0
 
 
 class VaultSync:
@@ -160,12 +157,8 @@ class VaultSync:
             self._cond.notify_all()
 
     def _settings(self) -> tuple[float, float, float]:
-        cfg = getattr(self.app.config, "sync", None)
-        return (
-            float(getattr(cfg, "debounce_seconds", DEBOUNCE_SECONDS)),
-            float(getattr(cfg, "poll_seconds", POLL_SECONDS)),
-            float(getattr(cfg, "device_days", DEVICE_DAYS)),
-        )
+        cfg = self.app.config.sync
+        return cfg.debounce_seconds, cfg.poll_seconds, cfg.device_days
 
     def _run(self) -> None:
         debounce, poll, _days = self._settings()
