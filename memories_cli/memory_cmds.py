@@ -160,15 +160,26 @@ def history(
 ) -> None:
     """List a record's revisions.
 
-    Old revisions stay readable until `memories vault compact` removes them.
+    Old revisions stay readable until `memories vault compact` removes them. In a synced vault,
+    edits made on two devices at once are both kept: one is current, the other is listed as a
+    [conflict] revision; editing the record again resolves it.
     """
     fmt = chosen(format_, color)
     out = call("memory.history", {"vault": vault, "id": record_id})
     fact = any("text" in r for r in out["revisions"])  # a fact: what it said at each revision
     what = "text" if fact else "title"
 
+    def note(r: dict[str, Any]) -> str:
+        """Sync's marks: a conflict revision (a concurrent edit that did not win, kept), and a head no
+        later edit resolved (`memories sync status` lists such records)."""
+        marks = [m for m, on in (("conflict", r.get("conflict")), ("unresolved", r.get("unresolved"))) if on]
+        return f" [{', '.join(marks)}]" if marks else ""
+
     def text() -> None:
-        table(["REVISION", "UPDATED", what.upper()], [[r["revision"], fmt_time(r["updated"]), "(deleted)" if r["deleted"] else r.get(what, "")] for r in out["revisions"]])
+        table(
+            ["REVISION", "UPDATED", what.upper()],
+            [[r["revision"], fmt_time(r["updated"]), ("(deleted)" if r["deleted"] else r.get(what, "")) + note(r)] for r in out["revisions"]],
+        )
 
     emit(fmt, Listing(
         document=out,

@@ -154,7 +154,7 @@ def _apply(out: Plan, ov: _Overlay, wire: dict[str, Any], *, conflict: bool) -> 
 def open_conflicts(store: VaultStore, device: str, record_id: str) -> list[Record]:
     """The conflict revisions of a record that no later version resolved (heads other than the current)."""
     revs = store.revisions(record_id)
-    if not revs or record_id not in store.conflicts:
+    if not revs:
         return []
     known = versions(revs, store.conflicts.get(record_id, ()), device)
     current = current_stamp(revs, device)
