@@ -7,6 +7,7 @@ unlocked, so the commands that take no VAULT cover every unlocked vault that has
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,7 +16,8 @@ from memoriesd.errors import UsageError
 from memoriesd.text.humanize import ago
 
 from .formats import ColorOpt, Listing, PlainFormatOpt, chosen, emit, md_escape
-from .state import STATE, call, cli_command, echo, emit_json, notice, report
+from .passphrase import unlock_asking
+from .state import STATE, call, cli_command, echo, emit_json, notice, read_secret_lines, report
 
 sync_app = typer.Typer(
     help="Sync vaults between devices through a folder or an rclone remote, sealed end to end.",
@@ -365,6 +367,31 @@ def forget_device(
         f"Forgot device {', '.join(out['forgotten_devices'])} on the target. It keeps what it synced and, while the key is "
         f"the same, can still use the target: `{cli_command('vault', 'passwd', vault, '--rekey')}` shuts it out of new data."
     )
+
+
+@sync_app.command("adopt-key")
+def adopt_key(
+    vault: Annotated[str, typer.Argument(help="Vault id or name (must be unlocked).")],
+    passphrase_stdin: Annotated[bool, typer.Option("--passphrase-stdin", help="Read the new passphrase from the first line of stdin.")] = False,
+    passphrase_file: Annotated[Path | None, typer.Option("--passphrase-file", help="Read the new passphrase from the first line of this file.")] = None,
+) -> None:
+    """Take the key another device changed to (`vault passwd --rekey` there).
+
+    `sync status` says when it is needed: the target is sealed under a key this device does not
+    have. Type the vault's new passphrase (the one chosen with --rekey): this device's copy is
+    sealed again under the new key, keeps everything written here meanwhile, and syncs on. From
+    then on the old passphrase opens nothing here either.
+    """
+    params: dict[str, Any] = {"vault": vault}
+    if passphrase_stdin or passphrase_file:
+        params["passphrase"] = read_secret_lines(passphrase_stdin, passphrase_file, 1)[0]
+        out = call("sync.adopt_key", params)
+    else:
+        out = unlock_asking(params, "sync.adopt_key")
+    if STATE.json:
+        emit_json(out)
+        return
+    notice(f"Vault {vault} now has the new key; it syncs on with the new passphrase.")
 
 
 __all__ = ["sync_app"]
