@@ -185,10 +185,14 @@ class TargetSync:
             self._problem("header", "the target's memories-sync.json is damaged: sync stopped; restore the file, or remove the target")
             raise TargetRefused(self.ts.problems["header"]) from None
         self.ts.problems.pop("header", None)
+        if self.ts.header_wrap and self.store.header.wrap != self.ts.header_wrap:
+            return False  # the passphrase changed here since: this device's header goes to the target (push)
         if wrapped <= self.ts.wrap_time:
+            self.ts.header_wrap = self.ts.header_wrap or self.store.header.wrap
             return False
         changed = self.store.adopt_wrap(th.header)
         self.ts.wrap_time = wrapped
+        self.ts.header_wrap = self.store.header.wrap
         if changed:
             log.info("sync %s: the vault's passphrase was changed on another device: this device's header follows", self.tid)
         return changed
@@ -239,22 +243,29 @@ class TargetSync:
         return seq == peer.seq + 1 and prev == peer.hash
 
     def _apply_inbox(self, out: CycleResult) -> None:
+        """Apply every device's segments that continue its chain here; cursors move only once the
+        versions are committed (a failed merge leaves them, and the files are read again)."""
         ts = self.ts
         ready: list[dict[str, Any]] = []
+        moves: list[tuple[Peer, int, str, str, list[Any]]] = []
+        gaps: list[str] = []
         for device, waiting in list(self._inbox.items()):
             if device == self.device:
                 self._check_own(waiting)
                 continue
             peer = ts.peers.setdefault(device, Peer())
+            seq_at, hash_at = peer.seq, peer.hash
+            for seq in sorted(s for s in waiting if s <= seq_at):  # replayed or already applied
+                del waiting[seq]
             while waiting:
-                seq = min(s for s in waiting if s > peer.seq) if any(s > peer.seq for s in waiting) else None
-                if seq is None:
-                    waiting.clear()
-                    break
+                seq = min(waiting)
                 name, opened = waiting[seq]
-                if not self._accepts(peer, seq, opened):
-                    if seq == peer.seq + 1 or (peer.hash == "" and seq > peer.seq):
+                cursor = Peer(seq=seq_at, hash=hash_at)
+                if not self._accepts(cursor, seq, opened):
+                    if seq == seq_at + 1 or hash_at == "":
                         self._problem("fork", f"device {peer.label or device}'s history on the target forked (two devices with one id, or files were altered): its later changes are not applied")
+                    else:
+                        gaps.append(peer.label or device)
                     break
                 try:
                     batch = [check_wire(v) for v in opened.doc.get("versions", [])]
@@ -263,13 +274,20 @@ class TargetSync:
                     break
                 ready.extend(batch)
                 del waiting[seq]
-                peer.seq, peer.hash = seq, opened.digest
-                peer.tip_seq = max(peer.tip_seq, seq)
-                ts.files[name] = [SEGMENT, device, int(opened.doc["epoch"]), seq, opened.digest]
+                seq_at, hash_at = seq, opened.digest
+                moves.append((peer, seq, opened.digest, name, [SEGMENT, device, int(opened.doc["epoch"]), seq, opened.digest]))
             if not waiting:
                 self._inbox.pop(device, None)
+        if gaps:
+            self._problem("missing", f"changes of {', '.join(sorted(set(gaps)))} are missing from the target (not arrived yet, or deleted): later ones wait")
+        else:
+            ts.problems.pop("missing", None)
         if ready:
             self._merge(ready, out)
+        for peer, seq, digest_, name, record in moves:
+            peer.seq, peer.hash = seq, digest_
+            peer.tip_seq = max(peer.tip_seq, seq)
+            ts.files[name] = record
 
     def _check_own(self, waiting: dict[int, tuple[str, Opened]]) -> None:
         ts = self.ts
@@ -293,7 +311,9 @@ class TargetSync:
         self._inbox.pop(self.device, None)
 
     def _have(self, stamps: list[Any]) -> bool:
-        mine = {r.version for revs in self.store.histories().values() for r in revs if r.version}
+        mine: set[str] = set()
+        for rid, revs in self.store.histories().items():
+            mine.update(versions(revs, self.store.conflicts.get(rid, ()), self.device))
         forgot = set(self.store.setting_items(FORGOT_PREFIX).values())
         return all(s in mine or s in forgot for s in stamps)
 
@@ -414,6 +434,11 @@ class TargetSync:
         shared = self.store.shared_header()
         if not force:
             data = self.transport.read(HEADER_FILE)
+            if data is not None and self.ts.header_wrap in ("", shared.wrap):
+                # The passphrase did not change here: never overwrite the target's header (another
+                # device's newer passphrase there is followed by pull, not undone).
+                self.ts.header_wrap = shared.wrap
+                return
             if data is not None:
                 try:
                     th = read_target_header(data)
@@ -427,6 +452,7 @@ class TargetSync:
         meta = json.dumps({"name": self.store.name, "wrapped": wrapped})
         self.transport.write(HEADER_FILE, target_header_bytes(shared, self.codec.seal_name(meta)))
         self.ts.wrap_time = wrapped
+        self.ts.header_wrap = shared.wrap
 
     # ------------------------------------------------------------------ epochs
 

@@ -55,6 +55,7 @@ class TargetState:
     peers: dict[str, Peer] = field(default_factory=dict)
     files: dict[str, list[Any]] = field(default_factory=dict)  # name -> [kind, device, epoch, seq, digest] of opened files
     wrap_time: float = 0.0  # the passphrase change (its time) whose header this device has
+    header_wrap: str = ""  # this device's wrapped key as last synced with the target: another one here is a local passwd
     forget_seq: int = 0  # the own segment holding the latest forget not yet compacted away
     rekey: bool = False  # the vault key changed here: the target is to be written again under it
     last_push: float = 0.0
@@ -134,6 +135,7 @@ def rekey_sync_state(rk: Rekeying) -> dict[str, int]:
             ts.rekey = not rk.adopted
             ts.files = {}  # names under the old key: the new key names every file anew
             ts.problems.pop("header", None)
+            ts.header_wrap = ""  # the key's wrap changed with it: the target's header (or ours, forced) is the one
         new.save(state)
         return {"sync_targets": len(state.targets)}
     finally:
