@@ -62,6 +62,7 @@ class CycleResult:
 
     received: int = 0
     applied: int = 0
+    duplicates: int = 0  # versions received that this device already had
     conflicts: set[str] = field(default_factory=set)
     changed: set[str] = field(default_factory=set)
     forgotten: list[str] = field(default_factory=list)
@@ -333,6 +334,7 @@ class TargetSync:
                 p = plan(self.store, self.device, puts[start : start + COMMIT_BATCH], forgotten)
                 self.store.commit(p.records)
             out.applied += p.applied
+            out.duplicates += p.duplicates
             out.conflicts |= p.conflicts
             out.changed |= p.changed
         out.received += len(ready)

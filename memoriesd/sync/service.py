@@ -374,6 +374,7 @@ def _result(pulled: CycleResult, pushed: CycleResult) -> dict[str, Any]:
     return {
         "received": pulled.received,
         "applied": pulled.applied,
+        "already_had": pulled.duplicates,
         "changed": len(pulled.changed),
         "conflicts": len(pulled.conflicts),
         "forgotten": len(pulled.forgotten),
