@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from .format import (
 )
 from .keywrap import why
 from .records import Record
-from .versions import FORGOT_PREFIX, Stamper, heads, stamp_device, versions
+from .versions import FORGOT_PREFIX, Stamper, dropped_heads, heads, spliced, versions
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -385,8 +385,10 @@ class LogWriter:
                 live = [r for r in revs if not r.deleted][-keep_revisions:]
             extra = list(self.conflicts.get(rid, ()))
             if revs[-1].version and keep_revisions is not None:
-                extra += self._dropped_heads(revs, live, extra)
-                live, extra = self._spliced(revs, live, extra)
+                stamper = self.stamper
+                device, published = (stamper.device, stamper.published_upto) if stamper is not None else ("", "")
+                extra += dropped_heads(revs, live, extra, device)
+                live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, device, published)
             new_records[rid] = live
             entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)
             if extra:  # conflict revisions follow their record's revisions
@@ -395,42 +397,6 @@ class LogWriter:
         if entries:  # the whole new log is one group: its head covers all of it
             entries[-1] = {**entries[-1], GROUP_END: 1}
         return entries, new_records, settings, new_conflicts
-
-    def _dropped_heads(self, revs: list[Record], kept: list[Record], conflicts: list[Record]) -> list[Record]:
-        """Heads of a synced record (concurrent versions no edit resolved) that compaction would drop
-        with the older revisions: kept as conflict revisions, so every device keeps the same heads."""
-        device = self.stamper.device if self.stamper is not None else ""
-        known = versions(revs, conflicts, device)
-        have = {r.version for r in kept} | {r.version for r in conflicts}
-        return [replace(known[s].record, conflict=True) for s in heads(known) if s not in have and known[s].record.version]
-
-    def _spliced(self, revs: list[Record], live: list[Record], extra: list[Record]) -> tuple[list[Record], list[Record]]:
-        """Kept versions whose parents compaction drops name those parents' parents instead, through
-        this device's own dropped versions that no target has yet (another device's, and this device's
-        published ones, others may hold): every device then sees the same ancestry, and the same heads."""
-        device = self.stamper.device if self.stamper is not None else ""
-        published = self.stamper.published_upto if self.stamper is not None else ""
-        full = versions(revs, self.conflicts.get(revs[0].id, ()), device)
-        kept = {r.version for r in live} | {r.version for r in extra}
-
-        def splice(parents: tuple[str, ...]) -> tuple[str, ...]:
-            out: list[str] = []
-            todo, seen = list(parents), set()
-            while todo:
-                p = todo.pop(0)
-                if p in seen:
-                    continue
-                seen.add(p)
-                if p in kept or p not in full or stamp_device(p) != device or p <= published:
-                    out.append(p)  # a version other devices may hold: published by this device or another
-                else:
-                    todo.extend(full[p].parents)
-            return tuple(out)
-
-        def fix(recs: list[Record]) -> list[Record]:
-            return [replace(r, parents=splice(r.parents)) if r.version and r.parents else r for r in recs]
-
-        return fix(live), fix(extra)
 
     def _write_log(self, path: Path, epoch: int, entries: list[dict[str, Any]], sealer: crypto.Sealer) -> Head:
         """Write a whole new log of ``epoch`` to ``path`` (created, never replaced), fsync it and the

@@ -12,7 +12,7 @@ current, the others are conflict revisions).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .records import Record
@@ -86,4 +86,43 @@ def stamp_device(stamp: str) -> str:
     return stamp.partition("-")[2]
 
 
-__all__ = ["FORGOT_PREFIX", "Stamper", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]
+def dropped_heads(revs: Sequence[Record], kept: Sequence[Record], conflicts: Sequence[Record], device: str) -> list[Record]:
+    """Heads of a synced record (concurrent versions no edit resolved) that a compaction keeping only
+    ``kept`` would drop with the older revisions: kept as conflict revisions instead, so every device
+    keeps the same heads."""
+    known = versions(revs, conflicts, device)
+    have = {r.version for r in kept} | {r.version for r in conflicts}
+    return [replace(known[s].record, conflict=True) for s in heads(known) if s not in have and known[s].record.version]
+
+
+def spliced(
+    revs: Sequence[Record], conflicts: Iterable[Record], live: list[Record], extra: list[Record], device: str, published: str
+) -> tuple[list[Record], list[Record]]:
+    """Kept versions whose parents a compaction drops name those parents' parents instead, through
+    this device's own dropped versions that no target has yet (``published``: the highest own stamp
+    every target has; another device's versions, and this device's published ones, others may hold):
+    every device then sees the same ancestry, and the same heads."""
+    full = versions(revs, conflicts, device)
+    kept = {r.version for r in live} | {r.version for r in extra}
+
+    def splice(parents: tuple[str, ...]) -> tuple[str, ...]:
+        out: list[str] = []
+        todo, seen = list(parents), set()
+        while todo:
+            p = todo.pop(0)
+            if p in seen:
+                continue
+            seen.add(p)
+            if p in kept or p not in full or stamp_device(p) != device or p <= published:
+                out.append(p)  # a version other devices may hold: published by this device or another
+            else:
+                todo.extend(full[p].parents)
+        return tuple(out)
+
+    def fix(recs: list[Record]) -> list[Record]:
+        return [replace(r, parents=splice(r.parents)) if r.version and r.parents else r for r in recs]
+
+    return fix(live), fix(extra)
+
+
+__all__ = ["FORGOT_PREFIX", "Stamper", "dropped_heads", "spliced", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]
