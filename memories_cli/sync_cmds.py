@@ -118,6 +118,8 @@ def _print_status(v: dict[str, Any]) -> None:
             f"    last push {ago(t.get('last_push'))}, last pull {ago(t.get('last_pull'))}, "
             f"pending {t.get('pending', 0):,}, epoch {t.get('epoch', 0)}"
         )
+        if t.get("activity") and t["activity"] != "idle":
+            echo(f"    now: {t['activity']}")
         devices = t.get("devices") or []
         if not devices:
             echo("    other devices: none seen yet")

@@ -93,6 +93,7 @@ class TargetSync:
         self._unreadable: dict[str, float] = {}  # name -> first time it did not open (this process)
         self._inbox: dict[str, dict[int, tuple[str, Opened]]] = {}  # device -> seq -> (name, opened), not yet applied
         self._markers: dict[str, Opened] = {}
+        self.activity = "idle"  # what the cycle is doing now, for `sync status` (no content)
         clock.mark_published(target_id, state.targets[target_id].upto)
 
     @property
@@ -106,6 +107,13 @@ class TargetSync:
     # ------------------------------------------------------------------ pull
 
     def pull(self) -> CycleResult:
+        self.activity = "reading the target"
+        try:
+            return self._pull()
+        finally:
+            self.activity = "idle"
+
+    def _pull(self) -> CycleResult:
         out = CycleResult()
         ts = self.ts
         listing = self.transport.list()
@@ -329,6 +337,7 @@ class TargetSync:
                 puts.append(v)
         forgotten = {k[len(FORGOT_PREFIX) :] for k in self.store.setting_items(FORGOT_PREFIX)} | set(forgets)
         for start in range(0, len(puts), COMMIT_BATCH):
+            self.activity = f"applying {min(start + COMMIT_BATCH, len(puts)):,} of {len(puts):,} versions"
             self.vault.check()
             with self.store.exclusive():
                 p = plan(self.store, self.device, puts[start : start + COMMIT_BATCH], forgotten)
@@ -347,10 +356,18 @@ class TargetSync:
     # ------------------------------------------------------------------ push
 
     def push(self) -> CycleResult:
+        try:
+            return self._push()
+        finally:
+            self.activity = "idle"
+
+    def _push(self) -> CycleResult:
         out = CycleResult()
         ts = self.ts
         self._write_header_if_needed()
         own = self._unpublished()
+        if own:
+            self.activity = f"publishing {len(own):,} versions"
         chunk: list[dict[str, Any]] = []
         size = 0
         for v in own:

@@ -339,6 +339,7 @@ class VaultSync:
                     "devices": devices,
                     "problems": sorted(ts.problems.values()),
                     "error": ts.error or None,
+                    "activity": sync.activity if sync is not None else "idle",
                 }
             )
         return {"device": me, "label": self.state.label or socket.gethostname()[:64], "targets": targets, "conflicts": sorted(conflicted)}
