@@ -197,6 +197,9 @@ class VaultSync:
 
     def _cycle_one(self, tid: str, sync: TargetSync) -> dict[str, Any]:
         ts = self.state.targets[tid]
+        if self.store.settings.get("policy.device_only", False):
+            ts.error = f"vault {self.vault.name} is device-only: it is not synced (`memories vault policy {self.vault.name} --device-only off` to sync it)"
+            return {"error": ts.error}
         self.vault.acquire(touch=False)
         try:
             if ts.rekey:  # the key changed here: the target is written again under it first
