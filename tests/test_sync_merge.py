@@ -185,6 +185,11 @@ class Convergence(RuleBasedStateMachine):
     def meet(self, who: int) -> None:
         self.devices[who].cycle()
 
+    @rule(who=st.integers(0, 2))
+    def compact(self, who: int) -> None:
+        """A compaction epoch (forced: other devices may not have applied everything yet)."""
+        self.devices[who].sync.compact()
+
     @precondition(lambda self: True)
     @invariant()
     def no_forgotten_text_current(self) -> None:

@@ -570,6 +570,9 @@ class TargetSync:
         return removed
 
     def _heads(self) -> list[dict[str, Any]]:
+        """Every record's heads for a new epoch's base, each naming *all* its ancestors this device
+        knows as parents: a device that holds an older version (made or received before the epoch)
+        then sees it superseded, though the versions between are not in the base."""
         from ..vault.versions import heads
 
         out: list[dict[str, Any]] = []
@@ -577,7 +580,7 @@ class TargetSync:
             known = versions(revs, self.store.conflicts.get(rid, ()), self.device)
             for stamp in heads(known):
                 ver = known[stamp]
-                out.append(to_wire(ver.record, stamp, ver.parents))
+                out.append(to_wire(ver.record, stamp, sorted(_ancestors(known, stamp))))
         for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
             out.append({"t": "del", "id": key[len(FORGOT_PREFIX) :], "v": stamp, "p": [], "f": 1, "updated": 0.0})
         return out
@@ -628,6 +631,19 @@ class TargetSync:
                 peer.seq, peer.hash = seq, opened.digest
         ts.problems.pop("fork", None)
         log.info("sync %s: moved to epoch %d written by device %s", self.tid, top, by)
+
+
+def _ancestors(known: dict[str, Any], stamp: str) -> set[str]:
+    """Every stamp ``stamp`` descends from, as far as ``known`` (stamp -> Version) tells."""
+    out: set[str] = set()
+    todo = list(known[stamp].parents)
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.add(p)
+            if p in known:
+                todo.extend(known[p].parents)
+    return out
 
 
 class TargetRefused(MemoriesError):
