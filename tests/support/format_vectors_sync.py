@@ -310,10 +310,11 @@ def build_sync_cases(work: Path, core_a: dict[str, bytes], files_b: dict[str, by
         expect({**valid_files, seg2: SEGMENT}, records, ("fork",)),
     )
     seg2_doc = {**seg2_doc, "prev": digest(s)}
+    next2 = _seal_raw(key, VAULT_A, SEGMENT, _padded(_js(seg2_doc))[0])
     sync_case(
         "sync-segment-chain-next",
         "none: a sealed segment 2 (a new record) that follows segment 1 (prev = its digest): both applied",
-        {**target, seg2: _seal_raw(key, VAULT_A, SEGMENT, _padded(_js(seg2_doc))[0])},
+        {**target, seg2: next2},
         expect({**valid_files, seg2: SEGMENT}, sorted([*records, summary("X1")], key=lambda r: r["id"])),
     )
     only_second = {**target, seg2: _seal_raw(key, VAULT_A, SEGMENT, _padded(_js(seg2_doc))[0])}
@@ -324,6 +325,20 @@ def build_sync_cases(work: Path, core_a: dict[str, bytes], files_b: dict[str, by
         "segment 1 missing, segment 2 present: segment 2 waits (nothing applied); reported as a fork",
         only_second,
         expect({tip: TIP, seg2: SEGMENT}, [], ("fork",)),
+    )
+    seg3 = codec.segment_name(DEVICE_A, 0, 3)
+    h1 = R["H1"]
+    seg3_doc = {
+        **seg2_doc,
+        "seq": 3,
+        "prev": digest(next2),
+        "versions": [to_wire(h1, derived_stamp(h1, DEVICE_A), [])],
+    }
+    sync_case(
+        "sync-segment-gap",
+        "segments 1 and 3 present, 2 (that 3 follows) missing: 1 applied, 3 waits; reported as missing",
+        {**target, seg3: _seal_raw(key, VAULT_A, SEGMENT, _padded(_js(seg3_doc))[0])},
+        expect({**valid_files, seg3: SEGMENT}, records, ("missing",)),
     )
     sync_case(
         "sync-header-of-other-vault",
