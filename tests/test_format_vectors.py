@@ -10,6 +10,7 @@ deliberate act, with a version bump when old vaults no longer read the same.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 import shutil
@@ -27,16 +28,24 @@ import pytest
 from memoriesd.index.snapshot import SnapshotRejected, read_snapshot, version_tag
 from memoriesd.index.vectors.names import read_spaces
 from memoriesd.index.vectors.sidecar import VectorStore
+from memoriesd.sync.engine import TargetRefused, TargetSync
+from memoriesd.sync.segments import HEADER_FILE, Codec, Unreadable, bucket, read_target_header
+from memoriesd.sync.stamps import Clock
+from memoriesd.sync.state import StateFile, SyncState, TargetState
+from memoriesd.sync.transport import parse_target
 from memoriesd.text.segment import DEFAULT
 from memoriesd.vault import crypto
 from memoriesd.vault.format import read_header
-from memoriesd.vault.store import unwrap_key
+from memoriesd.vault.keys import VaultKeys
+from memoriesd.vault.live import LiveVault
+from memoriesd.vault.store import VaultStore, unwrap_key
 
 from .conftest import REPO, Daemon, short_tmpdir, write_config
 
 VECTORS = REPO / "tests" / "vectors"
 MANIFEST: dict[str, Any] = json.loads((VECTORS / "MANIFEST.json").read_text("utf-8"))
 CASES: list[dict[str, Any]] = MANIFEST["cases"]
+SYNC_CASES: list[dict[str, Any]] = MANIFEST["sync_cases"]
 SNAPSHOT_FILE = "lexical-index.bin"
 ENV = MANIFEST["snapshot_env"]
 # The snapshot's version tag hashes its schema and the installed SQLite and jieba versions. With the
@@ -51,7 +60,7 @@ def sha(p: Path) -> str:
 
 
 def test_the_vectors_are_byte_for_byte_the_recorded_ones() -> None:
-    recorded = {f"{c['name']}/{rel}": digest for c in CASES for rel, digest in c["files"].items()}
+    recorded = {f"{c['name']}/{rel}": digest for c in CASES + SYNC_CASES for rel, digest in c["files"].items()}
     on_disk = {str(p.relative_to(VECTORS)): sha(p) for p in VECTORS.rglob("*") if p.is_file() and p.name != "MANIFEST.json"}
     assert sorted(on_disk) == sorted(recorded), "files were added to or removed from tests/vectors"
     changed = sorted(k for k in recorded if on_disk[k] != recorded[k])
@@ -85,6 +94,8 @@ def test_the_generator_reproduces_every_vector(tmp_path: Path) -> None:
             if new["files"].get(rel) != digest and not (rel.endswith(SNAPSHOT_FILE) and not SAME_SNAPSHOT_LIBS):
                 differ.append(f"{old['name']}/{rel}")
         assert old["expect"] == new["expect"], old["name"]
+    for old, new in zip(SYNC_CASES, fresh["sync_cases"], strict=True):
+        assert old == new, old["name"]
     assert differ == [], f"the generator no longer writes the committed bytes: {differ[:5]}"
     if SAME_SNAPSHOT_LIBS:
         assert fresh["snapshot_env"] == ENV
@@ -249,3 +260,101 @@ def test_known_answers_derive_from_the_passphrase() -> None:
         prev = hashlib.sha256(prev + blob).digest()
         assert prev.hex() == e["chain_after"]
     assert prev.hex() == ka["head"]["last_hash"]
+
+
+# ----------------------------------------------------------------------------- sync targets in-process
+
+SYNC_KA: dict[str, Any] = MANIFEST["known_answers"]["sync"]
+READER = "fmtreaderrrrrrrr"  # the device that joins from the vectors' target
+
+
+def _sync_codec() -> Codec:
+    return Codec(VaultKeys(bytes.fromhex(MANIFEST["known_answers"]["vault_key"])), MANIFEST["known_answers"]["vault_id"])
+
+
+def test_sync_known_answers_follow_from_the_vault_key() -> None:
+    """Names, buckets, the header file and the sealed plaintexts of vault A's target, recomputed
+    from the vault key and the bytes (for another implementation: docs/format.md, "Sync")."""
+    codec = _sync_codec()
+    names = SYNC_KA["names"]
+    dev = SYNC_KA["device"]
+    assert codec.segment_name(dev, 0, 1) == names["segment_0_1"]["name"]
+    assert codec.segment_name(dev, 0, 2) == names["segment_0_2"]["name"]
+    assert codec.tip_name(dev) == names["tip"]["name"]
+    assert codec.epoch_name(1, dev) == names["epoch_1"]["name"]
+    names_key = bytes.fromhex(MANIFEST["known_answers"]["subkeys"]["LABEL_SYNC_NAMES"]["key"])
+    for n in names.values():  # the name: the first 32 hex of HMAC(names subkey, canonical JSON list)
+        assert hmac.new(names_key, n["input"].encode(), hashlib.sha256).hexdigest()[:32] == n["name"]
+    assert {int(k): v for k, v in SYNC_KA["bucket"].items()} == {int(k): bucket(int(k)) for k in SYNC_KA["bucket"]}
+    root = VECTORS / "sync-target-valid" / "target"
+    assert (root / HEADER_FILE).read_text("utf-8") == SYNC_KA["header"]["file"]
+    th = read_target_header((root / HEADER_FILE).read_bytes())
+    assert codec.open_name(th.sealed_name) == SYNC_KA["header"]["name_plaintext"]
+    for kind, ka in (("s", SYNC_KA["segment"]), ("t", SYNC_KA["tip"])):
+        data = (root / ka["name"]).read_bytes()
+        assert data[:9] == b"MEMSYNC1" + kind.encode() and data[9:21].hex() == ka["nonce"]
+        assert len(data) == ka["file_length"] == 8 + 1 + 28 + ka["padded_length"]
+        assert ka["padded_length"] == bucket(4 + ka["compressed_length"])
+        opened = codec.open(ka["name"], data)
+        assert opened.kind == kind and opened.digest == ka["sha256"]
+        assert opened.doc == json.loads(ka["plaintext"])
+    state_dir = VECTORS / "sync-target-valid" / "device-a"
+    state = StateFile(state_dir, MANIFEST["known_answers"]["vault_id"], VaultKeys(bytes.fromhex(MANIFEST["known_answers"]["vault_key"]))).load()
+    assert state is not None and state.to_bytes().decode("utf-8") == SYNC_KA["state"]["plaintext"]
+    assert (state_dir / "sync-state.bin").read_bytes().startswith(SYNC_KA["state"]["magic"].encode())
+    codec.wipe()
+
+
+class _NoIndex:
+    rag = None
+
+
+def _no_purge(ids: list[str], stamps: dict[str, str]) -> None:
+    raise AssertionError("no vector forgets anything")
+
+
+def _pull_case(tmp: Path, c: dict[str, Any]) -> dict[str, Any]:
+    """A device joins from the valid target's header, then pulls the case's target through the real
+    folder transport: what it refused, what it holds."""
+    vid = MANIFEST["known_answers"]["vault_id"]
+    th = read_target_header((VECTORS / "sync-target-valid" / "target" / HEADER_FILE).read_bytes())
+    (tmp / "home").mkdir(parents=True)
+    store = VaultStore.join(tmp / "home" / vid, th.header, MANIFEST["cases"][0]["passphrase"].encode(),
+                            lambda keys: json.loads(Codec(keys, vid).open_name(th.sealed_name))["name"])
+    vault = LiveVault(store)
+    codec = Codec(vault.keys, vid)
+    target = tmp / "target"
+    shutil.copytree(VECTORS / c["name"] / "target", target)
+    state = SyncState(device=READER)
+    state.targets["t1"] = TargetState(target=str(target), added=0.0)
+    clock = Clock(READER)
+    store.stamper = clock
+    sync = TargetSync(vault, state, "t1", parse_target(str(target)), codec, clock, lambda: None, _no_purge)
+    try:
+        sync.pull()
+        pull = "ok"
+    except TargetRefused:
+        pull = "refused"
+    opened = {}
+    for p in sorted(target.iterdir()):
+        if p.name != HEADER_FILE:
+            try:
+                opened[p.name] = codec.open(p.name, p.read_bytes()).kind
+            except Unreadable as exc:
+                opened[p.name] = f"refused: {exc.args[0]}"
+    records = sorted(({"id": r.id, "revision": r.revision, "kind": r.kind, "title": r.title} for r in store.latest()),
+                     key=lambda r: r["id"])
+    out = {"open": opened, "pull": pull, "records": records, "problems": sorted(state.targets["t1"].problems)}
+    codec.wipe()
+    store.close()
+    return out
+
+
+def test_sync_targets_open_or_are_refused_as_the_manifest_says(tmp_path: Path) -> None:
+    """Every sync vector read by the real Codec and engine: each file opens as its kind or is refused
+    for the recorded reason, and a device pulling the target holds exactly the recorded records (a
+    refused file never shows a record)."""
+    assert len(SYNC_CASES) >= 10
+    got = {c["name"]: _pull_case(tmp_path / c["name"], c) for c in SYNC_CASES}
+    want = {c["name"]: c["expect"] for c in SYNC_CASES}
+    assert got == want
