@@ -271,7 +271,7 @@ class TargetSync:
                 name, opened = waiting[seq]
                 cursor = Peer(seq=seq_at, hash=hash_at)
                 if not self._accepts(cursor, seq, opened):
-                    if seq == seq_at + 1 or hash_at == "":
+                    if hash_at and seq == seq_at + 1:  # the next number, but not made after the last one
                         self._problem("fork", f"device {peer.label or device}'s history on the target forked (two devices with one id, or files were altered): its later changes are not applied")
                     else:
                         gaps.append(peer.label or device)
@@ -372,7 +372,9 @@ class TargetSync:
         size = 0
         for v in own:
             n = len(json.dumps(v, ensure_ascii=False))
-            if chunk and size + n > SEGMENT_PLAIN_BYTES:
+            # Never between two versions of one stamp (revisions from before the vault synced can
+            # share a derived stamp): what is published is everything up to a stamp.
+            if chunk and size + n > SEGMENT_PLAIN_BYTES and chunk[-1]["v"] != v["v"]:
                 self._write_segment(chunk, out)
                 chunk, size = [], 0
             chunk.append(v)

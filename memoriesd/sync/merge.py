@@ -37,6 +37,8 @@ def to_wire(rec: Record, stamp: str, parents: Iterable[str]) -> dict[str, Any]:
     entry = rec.to_entry()
     entry.pop("rev", None)
     entry.pop("c", None)
+    if rec.deleted:  # a device that first meets the record as this tombstone keeps its kind
+        entry["kind"] = rec.kind
     entry["v"], entry["p"] = stamp, list(parents)
     return entry
 
@@ -52,6 +54,8 @@ def check_wire(entry: object) -> dict[str, Any]:
         raise BadVersion("stamp")
     if not isinstance(entry.get("updated"), (int, float)):
         raise BadVersion("time")
+    if t == "del" and entry.get("kind", "memory") not in KINDS:
+        raise BadVersion("kind")
     if t == "put":
         if entry.get("kind") not in KINDS or not isinstance(entry.get("title"), str) or not isinstance(entry.get("body"), str):
             raise BadVersion("record")

@@ -67,7 +67,8 @@ class TargetState:
 
     @staticmethod
     def from_dict(doc: dict[str, Any]) -> TargetState:
-        peers = {k: Peer(**v) for k, v in doc.pop("peers", {}).items()}
+        fields = set(Peer.__dataclass_fields__)
+        peers = {k: Peer(**{f: x for f, x in v.items() if f in fields}) for k, v in doc.pop("peers", {}).items()}
         known = {f.name for f in TargetState.__dataclass_fields__.values()}
         return TargetState(**{k: v for k, v in doc.items() if k in known}, peers=peers)
 

@@ -54,6 +54,8 @@ class Record:
         if self.version:
             out["v"] = self.version
             out["p"] = list(self.parents)
+            if self.deleted:  # a synced tombstone may be all a device keeps of a record: it names its kind
+                out["kind"] = self.kind
         if self.conflict:
             out["c"] = 1
         return out

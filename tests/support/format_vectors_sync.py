@@ -319,12 +319,12 @@ def build_sync_cases(work: Path, core_a: dict[str, bytes], files_b: dict[str, by
     )
     only_second = {**target, seg2: _seal_raw(key, VAULT_A, SEGMENT, _padded(_js(seg2_doc))[0])}
     only_second.pop(seg)
-    # Open question (docs/format.md): the engine reports this as a fork, though segment 1 may still be arriving.
+    # Segment 1 may still be arriving: reported as missing, not as a fork.
     sync_case(
         "sync-segment-dropped",
-        "segment 1 missing, segment 2 present: segment 2 waits (nothing applied); reported as a fork",
+        "segment 1 missing, segment 2 present: segment 2 waits (nothing applied); reported as missing",
         only_second,
-        expect({tip: TIP, seg2: SEGMENT}, [], ("fork",)),
+        expect({tip: TIP, seg2: SEGMENT}, [], ("missing",)),
     )
     seg3 = codec.segment_name(DEVICE_A, 0, 3)
     h1 = R["H1"]
