@@ -24,7 +24,7 @@ BM25 only, embedding is not what is measured.
    it) each daemon uses in ``--idle`` seconds, with the sync target and again after ``sync remove``.
 
     .venv/bin/python -m bench.sync [--notes 5000] [--rounds 10] [--edits 200] [--idle 30]
-    .venv/bin/python -m bench.sync --notes 300 --rounds 3 --edits 10 --idle 5    # smoke, ~2 min
+    .venv/bin/python -m bench.sync --notes 300 --rounds 3 --edits 10 --idle 5    # smoke, 2-3 min
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 from bench.bench_process_shape import process_tree, stat_fields
-from bench.bench_unlock_first_answer import REPO, Tree
+from bench.bench_unlock_first_answer import REPO, Tree, _kdf_seconds
 from bench.eval_beir import Conn
 
 TLDR = REPO.parent / "shared" / "eval" / "tldr.tar.gz"
@@ -251,6 +252,25 @@ def bench_change(a: Tree, b: Tree, vid: str, target: Path, rounds: int) -> dict[
     }
 
 
+def segment_anatomy(home: Path, vid: str, path: Path) -> dict[str, int]:
+    """One segment's sizes, opened with the vault's key (this process derives it once): the file,
+    the padded plaintext, the zlib body inside it and the JSON it holds."""
+    from memoriesd.sync.segments import MAGIC, Codec
+    from memoriesd.vault.format import parse_header
+    from memoriesd.vault.keys import VaultKeys
+    from memoriesd.vault.keywrap import unwrap_key
+
+    header = parse_header(json.loads((home / "vaults" / vid / "header.json").read_text()), vid)
+    codec = Codec(VaultKeys(unwrap_key(header, PASSPHRASE.encode())), vid)
+    data = path.read_bytes()
+    padded = codec._sealer.open(
+        data[len(MAGIC) + 1 :], codec._aad(data[len(MAGIC) : len(MAGIC) + 1].decode())
+    )
+    body = int.from_bytes(padded[:4], "big")
+    plain = zlib.decompress(padded[4 : 4 + body])
+    return {"file": len(data), "padded": len(padded), "zlib": body, "json": len(plain)}
+
+
 def bench_edits(a: Tree, vid: str, target: Path, edits: int, base: dict[str, int]) -> dict[str, Any]:
     """``edits`` updates of one note, each pushed at once by ``sync now`` (one segment each)."""
     a.wait_idle(quiet=1.0, timeout=120)
@@ -271,6 +291,7 @@ def bench_edits(a: Tree, vid: str, target: Path, edits: int, base: dict[str, int
         "new_file_bytes": stats([float(s) for s in new.values()]) if new else None,
         "log_bytes_added": log1 - log0,
         "target_bytes_added": on_target - sum(files0.values()),
+        "one_edit_segment": segment_anatomy(a.home, vid, target / max(new)) if new else None,
         "edits_target_over_log": round((on_target - sum(files0.values())) / max(1, log1 - log0), 2),
         "total": {
             "target_bytes": on_target,
@@ -300,7 +321,7 @@ def pid_cpu(t: Tree) -> dict[str, float]:
 
 def idle_cpu(trees: list[Tree], seconds: float) -> dict[str, Any]:
     for t in trees:
-        t.wait_idle(quiet=2.0, timeout=300)
+        t.wait_idle(quiet=1.0, timeout=120)
     before = {t.name: pid_cpu(t) for t in trees}
     time.sleep(seconds)  # the measured window itself, not a synchronisation
     after = {t.name: pid_cpu(t) for t in trees}
@@ -333,6 +354,9 @@ def main() -> None:
         "settings": "defaults (production Argon2id), auto_lock_minutes = 0, [sync] debounce 1 s",
         "model": "none installed: BM25 search only (embedding is not what is measured)",
         "target": "a folder on this machine, shared by both homes",
+        # The production Argon2id derivation alone (median of 3, this process): a join and a
+        # `vault create` each run one, so it is the floor of both.
+        "kdf_seconds": _kdf_seconds(),
     }
     notes = extract_notes(work / "notes", args.notes)
     known = notes[len(notes) // 2]
