@@ -12,7 +12,7 @@ A target is one flat folder (or rclone path) with:
   another name (or from another vault) is refused, never applied.
 
 Plaintexts are padded to size buckets (:func:`bucket`) before sealing, so a target learns sizes
-only to within an eighth, and counts and timing. Nothing else travels: no index, vector, title or
+only to within 128 bytes (small files) or an eighth (large ones), and counts and timing. Nothing else travels: no index, vector, title or
 file name in clear.
 """
 
@@ -46,10 +46,11 @@ class Unreadable(Exception):
 
 
 def bucket(n: int) -> int:
-    """The padded size of a plaintext of ``n`` bytes: a multiple of 1 KiB up to 8 KiB, then one of
-    eight steps per doubling (at most 12.5% more)."""
-    if n <= 8192:
-        return max(1024, -(-n // 1024) * 1024)
+    """The padded size of a plaintext of ``n`` bytes: a multiple of 128 bytes up to 2 KiB, then one
+    of eight steps per doubling (at most 12.5% more). Small steps keep a one-note edit near its log
+    size (a 1 KiB floor made it 3x); a target still learns a small file's size only to 128 bytes."""
+    if n <= 2048:
+        return max(128, -(-n // 128) * 128)
     step = 1 << (n.bit_length() - 4)
     return -(-n // step) * step
 
