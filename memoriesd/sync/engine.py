@@ -213,6 +213,8 @@ class TargetSync:
         device = str(d.get("device", ""))
         if opened.kind == TIP:
             peer = ts.peers.setdefault(device, Peer())
+            # An older tip than one read before: a tip that lags behind segments is only in transit.
+            older = float(d.get("time", 0.0)) < peer.seen
             peer.seen = max(peer.seen, float(d.get("time", 0.0)))
             peer.label = str(d.get("label", ""))[:64]
             acks = d.get("acks")
@@ -220,8 +222,10 @@ class TargetSync:
             seq = int(d.get("seq", 0))
             if device == self.device and int(d.get("epoch", 0)) == ts.epoch and seq > ts.seq:
                 self._own_ahead(seq)
-            elif device != self.device and int(d.get("epoch", 0)) == ts.epoch and seq < peer.seq:
-                self._problem("rolled_back", f"device {peer.label or device} shows fewer changes on the target than this device has seen (rolled back or restored from an old copy): this device keeps them")
+            elif device != self.device and int(d.get("epoch", 0)) == ts.epoch and older and seq < peer.seq:
+                self._problem(f"rolled_back {device}", f"device {peer.label or device} shows fewer changes on the target than this device has seen (rolled back or restored from an old copy): this device keeps them")
+            elif device != self.device and not older:
+                ts.problems.pop(f"rolled_back {device}", None)
             peer.tip_seq = max(peer.tip_seq, seq)
             return
         if opened.kind == EPOCH:

@@ -1,0 +1,427 @@
+"""Trust no transport (issue 30, item 5): a target that drops, reorders, duplicates, truncates,
+replays or mixes files never makes a device show a wrong record or lose a local one.
+
+Two real daemons on two homes are two devices of one vault. Device A publishes to its own folder
+target ``ta``; device B syncs with another folder, ``tb``, and the test is the transport between
+them: it copies A's files into ``tb`` (or not, or in another order, or damaged), as a sync tool or
+a person with write access to the folder could. A target file is ``MAGIC || kind || sealed``, so
+the test tells segments from tips by the kind byte, and A's segments apart by the order in which
+they appear (one ``sync.now`` per note: one segment). After each tampering the test runs
+``sync.now`` on B and checks what B shows against what A acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, create_vault, running_daemon, short_tmpdir
+
+PASS = "correct horse"
+HEADER = "memories-sync.json"
+MAGIC = b"MEMSYNC1"
+
+
+def kind_of(path: Path) -> str:
+    """The kind byte of a target file: ``s`` segment, ``t`` tip, ``e`` epoch marker."""
+    with path.open("rb") as f:
+        return f.read(len(MAGIC) + 1)[len(MAGIC) :].decode("ascii", "replace")
+
+
+def sync_files(folder: Path, kind: str) -> set[str]:
+    return {p.name for p in folder.iterdir() if len(p.name) == 32 and p.is_file() and kind_of(p) == kind}
+
+
+@dataclass
+class Device:
+    """One daemon as one device of the vault, with the folder it syncs with."""
+
+    d: Daemon
+    vault: str
+    target: Path
+
+    def add(self, title: str, body: str) -> str:
+        return str(self.d.call("memory.add", {"vault": self.vault, "title": title, "body": body})["id"])
+
+    def now(self) -> dict[str, Any]:
+        """One pull and push, waited for; its result for the (only) target."""
+        out = self.d.call("sync.now", {"vault": self.vault})
+        return dict(next(iter(out["results"].values())))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.d.call("sync.status", {"vault": self.vault})["targets"][0])
+
+    def problems(self) -> str:
+        return " | ".join(self.status()["problems"])
+
+    def records(self) -> dict[str, tuple[str, str]]:
+        """Every record shown: id -> (title, body), read one by one as a user would."""
+        out = {}
+        for r in self.d.call("memory.list", {"vault": self.vault})["records"]:
+            full = self.d.call("memory.read", {"vault": self.vault, "id": r["id"]})
+            out[r["id"]] = (full["title"], full["body"])
+        return out
+
+
+@dataclass
+class Pair:
+    """Device A (``ta``) and device B (``tb``); ``acked``: every note A wrote and published, and
+    ``segs``: A's segment file names in chain order (``segs[0]`` is seq 1)."""
+
+    a: Device
+    b: Device
+    acked: dict[str, tuple[str, str]] = field(default_factory=dict)
+    segs: list[str] = field(default_factory=list)
+    tips: list[bytes] = field(default_factory=list)  # A's tip as it was after each write
+    local_b: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def ta(self) -> Path:
+        return self.a.target
+
+    @property
+    def tb(self) -> Path:
+        return self.b.target
+
+    def write_a(self, title: str, body: str) -> str:
+        """A note on A, published: returns the name of the one segment that holds it."""
+        before = sync_files(self.ta, "s")
+        rid = self.a.add(title, body)
+        self.a.now()
+        (new,) = sync_files(self.ta, "s") - before  # sync.now (or a cycle just before it) published it
+        self.acked[rid] = (title, body)
+        self.segs.append(new)
+        self.tips.append((self.ta / self.tip_a()).read_bytes())
+        return self.segs[-1]
+
+    def edit_a(self, rid: str, body: str) -> str:
+        """An edit of A's note ``rid``, published: returns the name of its segment."""
+        before = sync_files(self.ta, "s")
+        self.a.d.call("memory.update", {"vault": self.a.vault, "id": rid, "body": body})
+        self.a.now()
+        (new,) = sync_files(self.ta, "s") - before
+        self.acked[rid] = (self.acked[rid][0], body)
+        self.segs.append(new)
+        self.tips.append((self.ta / self.tip_a()).read_bytes())
+        return new
+
+    def write_b(self, title: str, body: str) -> str:
+        rid = self.b.add(title, body)
+        self.local_b[rid] = (title, body)
+        return rid
+
+    def tip_a(self) -> str:
+        (tip,) = sync_files(self.ta, "t")
+        return tip
+
+    def carry(self, *names: str, data: bytes | None = None, as_name: str | None = None) -> None:
+        """Put A's file ``names`` into B's folder (``data``: these bytes instead; ``as_name``: under that name)."""
+        for name in names:
+            body = (self.ta / name).read_bytes() if data is None else data
+            put(self.tb / (as_name or name), body)
+
+    def carry_tip(self) -> bytes:
+        tip = self.tip_a()
+        self.carry(tip)
+        return (self.ta / tip).read_bytes()
+
+    def ids_of(self, *indexes: int) -> dict[str, tuple[str, str]]:
+        """A's acknowledged notes by the order A wrote them (0: the note B joined with)."""
+        items = list(self.acked.items())
+        return dict(items[i] for i in indexes)
+
+    def assert_b_shows(self, *indexes: int) -> None:
+        """B shows exactly these of A's notes, word for word, and every note written on B."""
+        assert self.b.records() == {**self.ids_of(*indexes), **self.local_b}
+
+
+def put(path: Path, data: bytes) -> None:
+    """Write a file as a sync tool would finish one: whole, then renamed into place."""
+    tmp = path.with_name(path.name + ".tamper")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def vault_on(d: Daemon, target: Path, name: str = "notes") -> Iterator[Device]:
+    vid = create_vault(d, name, PASS)
+    dev = Device(d, vid, target)
+    d.call("sync.add", {"vault": vid, "target": str(target)})
+    yield dev
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    """A with one note published to ``ta``; B joined from ``tb`` holding A's header, segment and tip."""
+    root = short_tmpdir("sy")
+    ta, tb = root / "ta", root / "tb"
+    tb.mkdir()
+    try:
+        with running_daemon() as da, running_daemon() as db:
+            with vault_on(da, ta) as a:
+                p = Pair(a, Device(db, a.vault, tb))
+                p.write_a("Seed", "the note B joins with")
+                p.carry(HEADER, p.segs[0], p.tip_a())
+                joined = db.call("vault.join", {"target": str(tb), "passphrase": PASS})
+                assert joined["vault_id"] == a.vault and joined["records"] == 1
+                p.write_b("Local", "written on B, never on A")
+                p.b.now()
+                p.assert_b_shows(0)
+                yield p
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- dropped, reordered
+
+
+def seen_of_a(pair: Pair) -> dict[str, Any]:
+    """What B's status says of device A: applied (its segments applied here) and published (its tip)."""
+    (dev,) = pair.b.status()["devices"]
+    return dev
+
+
+def test_dropped_segment_holds_back_later_ones_until_it_comes_back(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    s3 = pair.write_a("Three", "third")
+    pair.carry(s2, s3)
+    (pair.tb / s2).unlink()  # the target lost seq 2 before B pulled
+    pair.carry_tip()
+    pair.b.now()
+    pair.assert_b_shows(0)  # seq 3 waits for seq 2: nothing skipped, nothing wrong
+    assert (seen_of_a(pair)["applied"], seen_of_a(pair)["published"]) == (1, 3)
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+    assert seen_of_a(pair)["applied"] == 3
+
+
+def test_reordered_segments_are_applied_in_chain_order(pair: Pair) -> None:
+    s2, s3, s4 = (pair.write_a(f"N{i}", f"body {i}") for i in (2, 3, 4))
+    pair.carry(s4)
+    pair.b.now()
+    pair.assert_b_shows(0)
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)  # seq 2 applies, seq 4 still waits for seq 3
+    pair.carry(s3)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2, 3)
+
+
+def test_duplicated_segment_is_applied_once(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    pair.carry(s2)
+    pair.b.now()
+    received = pair.b.status()["received"]
+    pair.carry(s2)  # the same bytes under the same name again
+    pair.carry(s2, as_name="0123456789abcdef0123456789abcdef")  # and under another name
+    pair.carry(pair.segs[0], as_name="fedcba9876543210fedcba9876543210")
+    out = pair.b.now()
+    assert out["received"] == 0 and pair.b.status()["received"] == received
+    pair.assert_b_shows(0, 1)
+    s3 = pair.write_a("Three", "third")
+    pair.carry(s3)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+
+
+def test_half_written_segment_waits_until_it_is_whole(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    s3 = pair.write_a("Three", "third")
+    whole = (pair.ta / s2).read_bytes()
+    pair.carry(s2, data=whole[: len(whole) // 2])
+    pair.carry(s3)
+    pair.b.now()
+    pair.assert_b_shows(0)
+    pair.carry(s2, data=whole[:-1])  # all but the last byte
+    pair.b.now()
+    pair.assert_b_shows(0)
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+
+
+# ---------------------------------------------------------------------------- replayed, rolled back
+
+
+def test_old_segment_replayed_after_newer_ones_changes_nothing(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    rid = list(pair.acked)[-1]
+    s3 = pair.edit_a(rid, "second, edited")
+    pair.carry(s2, s3)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
+    assert pair.b.records()[rid][1] == "second, edited"
+    received = pair.b.status()["received"]
+    (pair.tb / s2).unlink()
+    pair.carry(pair.segs[0])  # seq 1 again, then seq 2 restored after seq 3
+    pair.carry(s2)
+    pair.carry(s3, data=(pair.ta / s2).read_bytes())  # and seq 2's bytes under seq 3's name
+    pair.b.now()
+    pair.assert_b_shows(0, 1)  # still the edit: the older version did not come back
+    assert pair.b.status()["received"] == received
+
+
+def test_rolled_back_chain_is_reported_and_nothing_is_lost(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    s3 = pair.write_a("Three", "third")
+    pair.carry(s2, s3)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+    assert pair.b.status()["problems"] == []  # a tip behind the segments is still on its way: no rollback
+    current = pair.carry_tip()
+    pair.b.now()
+    # The target goes back to how it was after seq 1: later segments gone, the old tip put back.
+    (pair.tb / s2).unlink()
+    (pair.tb / s3).unlink()
+    pair.carry(pair.tip_a(), data=pair.tips[0])
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+    (problem,) = pair.b.status()["problems"]
+    assert "rolled back" in problem and "\n" not in problem
+    pair.carry(pair.tip_a(), data=current)  # the target is whole again
+    pair.carry(s2, s3)
+    pair.b.now()
+    assert pair.b.status()["problems"] == []
+    pair.assert_b_shows(0, 1, 2)
+
+
+# ---------------------------------------------------------------------------- mixed vaults, mixed devices
+
+
+def other_vault(pair: Pair) -> Device:
+    """Another vault on A's daemon, with one note published to its own folder ``tx``."""
+    d = pair.a.d
+    vid = create_vault(d, "other", PASS)
+    other = Device(d, vid, pair.ta.parent / "tx")
+    d.call("sync.add", {"vault": vid, "target": str(other.target)})
+    other.add("Other", "a note of another vault")
+    other.now()
+    return other
+
+
+def test_files_of_another_vault_are_never_applied(pair: Pair) -> None:
+    other = other_vault(pair)
+    (x_seg,) = sync_files(other.target, "s")
+    (x_tip,) = sync_files(other.target, "t")
+    s2 = pair.write_a("Two", "second")
+    pair.carry(x_seg, data=(other.target / x_seg).read_bytes())  # under its own name
+    pair.carry(x_tip, data=(other.target / x_tip).read_bytes())
+    pair.carry(
+        s2, data=(other.target / x_seg).read_bytes()
+    )  # vault X's segment under the name B expects next
+    pair.b.now()
+    pair.assert_b_shows(0)
+    assert [d["device"] for d in pair.b.status()["devices"]] == [
+        seen_of_a(pair)["device"]
+    ]  # no device of vault X
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
+
+
+def test_file_of_one_device_under_another_devices_name_is_never_applied(pair: Pair) -> None:
+    """A reads B's chain: A's own segment put under the name of B's next segment is refused."""
+    b_before = sync_files(pair.tb, "s")
+    pair.write_b("Local two", "B's second note")
+    pair.b.now()
+    (b2,) = sync_files(pair.tb, "s") - b_before
+    (b1,) = b_before - set(pair.segs)
+    s2 = pair.write_a("Two", "second")
+    put(pair.ta / b1, (pair.tb / b1).read_bytes())
+    put(pair.ta / b2, (pair.ta / s2).read_bytes())  # device A's file under the name of B's seq 2
+    pair.a.now()
+    a_shows = pair.a.records()
+    assert a_shows == {**pair.acked, **dict(list(pair.local_b.items())[:1])}
+    put(pair.ta / b2, (pair.tb / b2).read_bytes())
+    pair.a.now()
+    assert pair.a.records() == {**pair.acked, **pair.local_b}
+
+
+# ---------------------------------------------------------------------------- what sync tools leave behind
+
+
+def test_sync_tool_temporary_and_conflict_files_are_ignored_and_conflict_copies_reported(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    whole = (pair.ta / s2).read_bytes()
+    half = whole[: len(whole) // 2]
+    strays = {
+        f".syncthing.{s2}.tmp": half,  # Syncthing, receiving
+        f"~syncthing~{s2}.tmp": half,  # Syncthing on Windows
+        f"{s2}.partial": half,  # rclone / Dropbox-style partial download
+        f".~{s2}.part": half,
+        f"{s2}.sync-conflict-20261205-101010-ABCDEFG": whole,  # Syncthing's conflict copy
+    }
+    for name, data in strays.items():
+        put(pair.tb / name, data)
+    pair.b.now()
+    pair.assert_b_shows(0)
+    problems = pair.b.status()["problems"]
+    assert len(problems) == 1 and "conflict cop" in problems[0], problems
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
+    (pair.tb / f"{s2}.sync-conflict-20261205-101010-ABCDEFG").unlink()
+    pair.b.now()
+    assert pair.b.status()["problems"] == []
+
+
+# ---------------------------------------------------------------------------- damaged bytes
+
+
+def test_segment_with_a_flipped_bit_is_never_applied(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    s3 = pair.write_a("Three", "third")
+    whole = (pair.ta / s2).read_bytes()
+    for at in (len(MAGIC), len(MAGIC) + 1, len(whole) // 2, len(whole) - 1):  # kind, nonce, body, tag
+        flipped = bytearray(whole)
+        flipped[at] ^= 0x01
+        pair.carry(s2, data=bytes(flipped))
+        pair.carry(s3)
+        pair.b.now()
+        pair.assert_b_shows(0)
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1, 2)
+
+
+def test_header_of_another_vault_stops_sync_with_one_line(pair: Pair) -> None:
+    other = other_vault(pair)
+    mine = (pair.tb / HEADER).read_bytes()
+    s2 = pair.write_a("Two", "second")
+    pair.carry(s2)
+    put(pair.tb / HEADER, (other.target / HEADER).read_bytes())
+    out = pair.b.now()
+    assert "another vault" in out["error"] or "not this vault" in out["error"], out
+    assert "\\n" not in out["error"] and pair.b.status()["error"] == out["error"]
+    pair.assert_b_shows(0)
+    assert (pair.tb / HEADER).read_bytes() == (other.target / HEADER).read_bytes()  # B did not overwrite it
+    put(pair.tb / HEADER, mine)
+    assert "error" not in pair.b.now()
+    pair.assert_b_shows(0, 1)
+    assert pair.b.status()["error"] is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not json", "empty"])
+def test_damaged_header_stops_sync_with_one_line(pair: Pair, damage: str) -> None:
+    mine = (pair.tb / HEADER).read_bytes()
+    s2 = pair.write_a("Two", "second")
+    pair.carry(s2)
+    bad = {"truncated": mine[: len(mine) // 2], "not json": b"<html>502 Bad Gateway</html>", "empty": b""}[
+        damage
+    ]
+    put(pair.tb / HEADER, bad)
+    out = pair.b.now()
+    assert "memories-sync.json" in out["error"] and "\\n" not in out["error"], out
+    pair.assert_b_shows(0)
+    assert (pair.tb / HEADER).read_bytes() == bad
+    put(pair.tb / HEADER, mine)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
