@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, create_vault, running_daemon, short_tmpdir
+from .conftest import Daemon, create_vault, running_daemon, short_tmpdir, write_config
 
 PASS = "correct horse"
 HEADER = "memories-sync.json"
@@ -425,3 +425,87 @@ def test_damaged_header_stops_sync_with_one_line(pair: Pair, damage: str) -> Non
     put(pair.tb / HEADER, mine)
     pair.b.now()
     pair.assert_b_shows(0, 1)
+
+
+# ---------------------------------------------------------------------------- a home copied
+
+
+def history(d: Daemon, vault: str, ids: dict[str, Any]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each record's revisions as ``memory history`` shows them (number, title, deleted)."""
+    out = {}
+    for rid in ids:
+        revs = d.call("memory.history", {"vault": vault, "id": rid})["revisions"]
+        out[rid] = [(r["revision"], r["title"], r["deleted"]) for r in revs]
+    return out
+
+
+def test_copied_home_continues_as_a_new_device_and_loses_nothing() -> None:
+    """Device A's home copied (daemon stopped) to a third home, C: both run and write to one target.
+    C writes while the target is out of its reach (offline), so its note carries A's device id;
+    back online, C finds its own chain ahead of it, takes a new device id and publishes again."""
+    root = short_tmpdir("sy")
+    target, away = root / "t", root / "t-offline"
+    home_a, home_c = root / "a" / "h", root / "c" / "h"
+    write_config(home_a)
+    daemons: list[Daemon] = []
+    try:
+        da = Daemon(home_a).start()
+        daemons.append(da)
+        vid = create_vault(da, "notes", PASS)
+        a = Device(da, vid, target)
+        notes = {
+            a.add("Unsynced", "written before the vault synced"): (
+                "Unsynced",
+                "written before the vault synced",
+            )
+        }
+        da.call("sync.add", {"vault": vid, "target": str(target)})
+        notes[a.add("Seed", "before the copy")] = ("Seed", "before the copy")
+        a.now()
+        device = da.call("sync.status", {"vault": vid})["device"]
+        da.stop()
+        shutil.copytree(home_a, home_c, symlinks=True)
+        da = Daemon(home_a).start()
+        daemons[:] = [da]
+        da.call("vault.unlock", {"vault": vid, "passphrase": PASS})
+        notes[a.add("On A", "written on the original")] = ("On A", "written on the original")
+        a.now()
+        target.rename(away)  # C starts offline
+        dc = Daemon(home_c).start()
+        daemons.append(dc)
+        c = Device(dc, vid, target)
+        dc.call("vault.unlock", {"vault": vid, "passphrase": PASS})
+        notes[c.add("On C", "written on the copy")] = ("On C", "written on the copy")
+        assert "error" in c.now()
+        away.rename(target)
+        c.now()
+        status_c = dc.call("sync.status", {"vault": vid})
+        assert status_c["device"] != device
+        (problem,) = status_c["targets"][0]["problems"]
+        assert "new device" in problem and "\n" not in problem
+        for dev in (a, c, a):
+            dev.now()
+        unsynced = next(iter(notes))
+        dc.call(
+            "memory.update", {"vault": vid, "id": unsynced, "body": "edited on the copy"}
+        )  # made from the pre-sync revision
+        notes[unsynced] = ("Unsynced", "edited on the copy")
+        for dev in (c, a, c):
+            dev.now()
+        assert a.records() == notes and c.records() == notes
+        assert history(da, vid, notes) == history(dc, vid, notes)
+        assert da.call("sync.status", {"vault": vid})["device"] == device
+        for d, dev in ((da, a), (dc, c)):
+            st = dev.status()
+            assert st["pending"] == 0 and st["error"] is None
+            assert all("history on the target forked" not in p for p in st["problems"]), st
+            assert d.call("sync.status", {"vault": vid})["conflicts"] == []
+        with running_daemon() as db:  # a third device joins: one vault, every note once, no conflict
+            db.call("vault.join", {"target": str(target), "passphrase": PASS})
+            b = Device(db, vid, target)
+            assert b.records() == notes and history(db, vid, notes) == history(da, vid, notes)
+            assert b.status()["problems"] == [] and db.call("sync.status", {"vault": vid})["conflicts"] == []
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)

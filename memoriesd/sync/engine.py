@@ -242,12 +242,23 @@ class TargetSync:
         copied to another machine, or restored from an older backup. This device never continues a
         chain that is not its own: it takes a new device id and publishes everything again."""
         old = self.device
+        self.state.origin = self.state.origin or old
         self.state.device = new_device_id()
         for t in self.state.targets.values():
+            # The old id's chain is now another device's: what this device wrote of it is applied
+            # here, and what it wrote under the old id but did not publish is published again.
+            t.peers[old] = Peer(seq=t.seq, hash=t.hash, seen=time.time(), tip_seq=t.seq)
+            t.former[old] = [t.upto, self._top_stamp(old)]
             t.seq, t.hash, t.upto, t.own = 0, "", "", []
         self._problem("forked", f"this device's history on the target went further than this device (seq {seq}): the home was copied or restored; it now syncs as a new device")
         log.warning("sync %s: device %s forked on the target: now device %s", self.tid, old, self.state.device)
         raise DeviceForked(self.state.device)
+
+    def _top_stamp(self, device: str) -> str:
+        """The highest stamp of ``device`` among this vault's versions and forgets ("" if none)."""
+        stamps = [r.version for revs in self.store.histories().values() for r in revs if r.version]
+        stamps += [s for s in self.store.setting_items(FORGOT_PREFIX).values() if isinstance(s, str)]
+        return max((s for s in stamps if stamp_device(s) == device), default="")
 
     def _accepts(self, peer: Peer, seq: int, opened: Opened) -> bool:
         prev = str(opened.doc.get("prev", ""))
@@ -344,7 +355,7 @@ class TargetSync:
             self.activity = f"applying {min(start + COMMIT_BATCH, len(puts)):,} of {len(puts):,} versions"
             self.vault.check()
             with self.store.exclusive():
-                p = plan(self.store, self.device, puts[start : start + COMMIT_BATCH], forgotten)
+                p = plan(self.store, self.clock.origin, puts[start : start + COMMIT_BATCH], forgotten)
                 self.store.commit(p.records)
             out.applied += p.applied
             out.duplicates += p.duplicates
@@ -385,6 +396,7 @@ class TargetSync:
             size += n
         if chunk:
             self._write_segment(chunk, out)
+        ts.former.clear()  # published again (under this device's chain) with the rest
         if out.segments or self._tip_stale():
             self._write_tip()
         ts.last_push = time.time()
@@ -394,14 +406,21 @@ class TargetSync:
     def _unpublished(self) -> list[dict[str, Any]]:
         """This device's versions above the published stamp, oldest first, and its forgets."""
         ts, me = self.ts, self.device
+
+        def mine(stamp: str) -> bool:
+            if stamp_device(stamp) == me:
+                return stamp > ts.upto
+            lo_hi = ts.former.get(stamp_device(stamp))  # written under an id this device had before a fork
+            return lo_hi is not None and lo_hi[0] < stamp <= lo_hi[1]
+
         out: list[tuple[str, dict[str, Any]]] = []
         for rid, revs in self.store.histories().items():
             conflicts = self.store.conflicts.get(rid, ())
-            for stamp, ver in versions(revs, conflicts, me).items():
-                if stamp_device(stamp) == me and stamp > ts.upto:
+            for stamp, ver in versions(revs, conflicts, self.clock.origin).items():
+                if mine(stamp):
                     out.append((stamp, to_wire(ver.record, stamp, ver.parents)))
         for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
-            if isinstance(stamp, str) and stamp_device(stamp) == me and stamp > ts.upto:
+            if isinstance(stamp, str) and mine(stamp):
                 rid = key[len(FORGOT_PREFIX) :]
                 out.append((stamp, {"t": "del", "id": rid, "v": stamp, "p": [], "f": 1, "updated": time.time()}))
         out.sort(key=lambda x: x[0])
@@ -583,7 +602,7 @@ class TargetSync:
 
         out: list[dict[str, Any]] = []
         for rid, revs in self.store.histories().items():
-            known = versions(revs, self.store.conflicts.get(rid, ()), self.device)
+            known = versions(revs, self.store.conflicts.get(rid, ()), self.clock.origin)
             for stamp in heads(known):
                 ver = known[stamp]
                 out.append(to_wire(ver.record, stamp, sorted(_ancestors(known, stamp))))

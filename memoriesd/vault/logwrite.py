@@ -224,7 +224,7 @@ class LogWriter:
                 if rid in latest:
                     parents = [latest[rid]]
                 else:
-                    parents = heads(versions(self.records.get(rid, ()), self.conflicts.get(rid, ()), stamper.device))
+                    parents = heads(versions(self.records.get(rid, ()), self.conflicts.get(rid, ()), stamper.origin))
                 entry["v"] = latest[rid] = stamper.next()
                 entry["p"] = parents
 
