@@ -39,6 +39,7 @@ from .segments import (
     Codec,
     Opened,
     Unreadable,
+    digest,
     read_target_header,
     target_header_bytes,
 )
@@ -121,8 +122,10 @@ class TargetSync:
         self._note_strays(names)
         if HEADER_FILE in names:
             out.header_adopted = self._read_header()
+        # This device's last segment is read again: another copy of this home may have written over it.
+        last_own = self.codec.segment_name(self.device, ts.epoch, ts.seq) if ts.seq else ""
         for name, size in sorted(names.items()):
-            if not NAME_RE.match(name) or name in ts.files and ts.files[name][0] != TIP:
+            if not NAME_RE.match(name) or name in ts.files and ts.files[name][0] != TIP and name != last_own:
                 continue
             if size > MAX_FILE_BYTES:
                 self._problem("oversized", f"{name} is larger than any sync file: ignored")
@@ -220,7 +223,7 @@ class TargetSync:
             acks = d.get("acks")
             peer.acks = {str(k): int(v) for k, v in acks.items()} if isinstance(acks, dict) else {}
             seq = int(d.get("seq", 0))
-            if device == self.device and int(d.get("epoch", 0)) == ts.epoch and seq > ts.seq:
+            if device == self.device and int(d.get("epoch", 0)) == ts.epoch and (seq > ts.seq or seq == ts.seq and d.get("hash") != ts.hash):
                 self._own_ahead(seq)
             elif device != self.device and int(d.get("epoch", 0)) == ts.epoch and older and seq < peer.seq:
                 self._problem(f"rolled_back {device}", f"device {peer.label or device} shows fewer changes on the target than this device has seen (rolled back or restored from an old copy): this device keeps them")
@@ -242,23 +245,44 @@ class TargetSync:
         copied to another machine, or restored from an older backup. This device never continues a
         chain that is not its own: it takes a new device id and publishes everything again."""
         old = self.device
+        agreed, agreed_hash = self._agreed(min(self.ts.seq, seq - 1))
+        top = self._top_stamp()
         self.state.origin = self.state.origin or old
         self.state.device = new_device_id()
         for t in self.state.targets.values():
-            # The old id's chain is now another device's: what this device wrote of it is applied
-            # here, and what it wrote under the old id but did not publish is published again.
-            t.peers[old] = Peer(seq=t.seq, hash=t.hash, seen=time.time(), tip_seq=t.seq)
-            t.former[old] = [t.upto, self._top_stamp(old)]
+            # The old id's chain is now the other copy's: it is applied from where the two agree
+            # (its own files above that are read again), and everything this device holds under
+            # the old id is published again under the new one (the other copy may have written
+            # over some of it; receivers keep one of each stamp).
+            if t is self.ts:
+                t.files = {n: f for n, f in t.files.items() if not (f[0] == SEGMENT and f[1] == old and f[3] > agreed)}
+                t.peers[old] = Peer(seq=agreed, hash=agreed_hash, seen=time.time(), tip_seq=seq)
+            else:
+                t.peers[old] = Peer(seq=t.seq, hash=t.hash, seen=time.time(), tip_seq=t.seq)
+            t.former[old] = ["", top]
             t.seq, t.hash, t.upto, t.own = 0, "", "", []
         self._problem("forked", f"this device's history on the target went further than this device (seq {seq}): the home was copied or restored; it now syncs as a new device")
         log.warning("sync %s: device %s forked on the target: now device %s", self.tid, old, self.state.device)
         raise DeviceForked(self.state.device)
 
-    def _top_stamp(self, device: str) -> str:
-        """The highest stamp of ``device`` among this vault's versions and forgets ("" if none)."""
-        stamps = [r.version for revs in self.store.histories().values() for r in revs if r.version]
+    def _top_stamp(self) -> str:
+        """The highest stamp of this device among the vault's versions and forgets ("" if none)."""
+        stamps = [s for rid, revs in self.store.histories().items() for s in versions(revs, self.store.conflicts.get(rid, ()), self.clock.origin)]
         stamps += [s for s in self.store.setting_items(FORGOT_PREFIX).values() if isinstance(s, str)]
-        return max((s for s in stamps if stamp_device(s) == device), default="")
+        return max((s for s in stamps if stamp_device(s) == self.device), default="")
+
+    def _agreed(self, seq: int) -> tuple[int, str]:
+        """The last of this device's segments, from ``seq`` down, that the target holds as this
+        device wrote it (a missing one counts as held: dropped files are not another writer)."""
+        ts = self.ts
+        own = {f[3]: (n, str(f[4])) for n, f in ts.files.items() if f[0] == SEGMENT and f[1] == self.device and f[2] == ts.epoch}
+        while seq > 0 and seq in own:
+            name, dig = own[seq]
+            data = self.transport.read(name)
+            if data is None or digest(data) == dig:
+                return seq, dig
+            seq -= 1
+        return seq, own[seq][1] if seq in own else ""
 
     def _accepts(self, peer: Peer, seq: int, opened: Opened) -> bool:
         prev = str(opened.doc.get("prev", ""))
@@ -436,8 +460,6 @@ class TargetSync:
         name = self.codec.segment_name(self.device, ts.epoch, seq)
         self.vault.check()
         self.transport.write(name, data)
-        from .segments import digest
-
         mine = [v["v"] for v in chunk if stamp_device(v["v"]) == self.device]
         ts.seq, ts.hash = seq, digest(data)
         if mine:
