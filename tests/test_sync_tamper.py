@@ -80,6 +80,7 @@ class Pair:
     segs: list[str] = field(default_factory=list)
     tips: list[bytes] = field(default_factory=list)  # A's tip as it was after each write
     local_b: dict[str, tuple[str, str]] = field(default_factory=dict)
+    carried: set[str] = field(default_factory=set)  # names of A's files put into B's folder
 
     @property
     def ta(self) -> Path:
@@ -122,9 +123,19 @@ class Pair:
 
     def carry(self, *names: str, data: bytes | None = None, as_name: str | None = None) -> None:
         """Put A's file ``names`` into B's folder (``data``: these bytes instead; ``as_name``: under that name)."""
+        self.carried.update(names)
         for name in names:
             body = (self.ta / name).read_bytes() if data is None else data
             put(self.tb / (as_name or name), body)
+
+    def mirror(self) -> None:
+        """Bring B's folder up to date with A's, as a sync tool does: A's files copied, the files A
+        removed removed (B's own files stay)."""
+        gone = {n for n in self.carried if not (self.ta / n).exists()}
+        for name in gone:
+            (self.tb / name).unlink(missing_ok=True)
+        self.carried -= gone
+        self.carry(*(p.name for p in self.ta.iterdir() if p.is_file()))
 
     def carry_tip(self) -> bytes:
         tip = self.tip_a()
@@ -293,6 +304,48 @@ def test_rolled_back_chain_is_reported_and_nothing_is_lost(pair: Pair) -> None:
     pair.assert_b_shows(0, 1, 2)
 
 
+def test_replayed_segment_of_a_forgotten_note_does_not_bring_it_back(pair: Pair) -> None:
+    """A note forgotten on A, the target compacted (its segment removed), then the old segment put
+    back: B does not show it again, nor does a device that joins from that folder."""
+    s2 = pair.write_a("Secret", "forget me everywhere")
+    secret = list(pair.acked)[-1]
+    pair.mirror()
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
+    old = (pair.ta / s2).read_bytes()
+    pair.a.d.call("memory.forget", {"vault": pair.a.vault, "ids": [secret]})
+    pair.a.now()
+    del pair.acked[secret]
+    pair.a.d.call("sync.compact", {"vault": pair.a.vault, "force": True})
+    assert not (pair.ta / s2).exists()
+    pair.mirror()
+    pair.b.now()
+    pair.assert_b_shows(0)
+    put(pair.tb / s2, old)  # the forgotten note's segment replayed
+    pair.b.now()
+    pair.assert_b_shows(0)
+    with running_daemon() as dc:
+        dc.call("vault.join", {"target": str(pair.tb), "passphrase": PASS})
+        c = Device(dc, pair.a.vault, pair.tb)
+        c.now()
+        assert secret not in c.records()
+        assert c.records() == {**pair.ids_of(0), **pair.local_b}
+
+
+def test_file_too_large_for_a_sync_file_is_not_read_and_is_reported(pair: Pair) -> None:
+    s2 = pair.write_a("Two", "second")
+    with (pair.tb / s2).open("wb") as f:  # sparse: 65 MiB that take no room
+        f.truncate(65 << 20)
+    pair.b.now()
+    pair.assert_b_shows(0)
+    (problem,) = pair.b.status()["problems"]
+    assert "larger than any sync file" in problem
+    pair.carry(s2)
+    pair.b.now()
+    pair.assert_b_shows(0, 1)
+    assert pair.b.status()["problems"] == []
+
+
 # ---------------------------------------------------------------------------- mixed vaults, mixed devices
 
 
@@ -406,7 +459,7 @@ def test_header_of_another_vault_stops_sync_with_one_line(pair: Pair) -> None:
     put(pair.tb / HEADER, mine)
     assert "error" not in pair.b.now()
     pair.assert_b_shows(0, 1)
-    assert pair.b.status()["error"] is None
+    assert pair.b.status()["error"] is None and pair.b.status()["problems"] == []
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "empty"])
@@ -425,6 +478,7 @@ def test_damaged_header_stops_sync_with_one_line(pair: Pair, damage: str) -> Non
     put(pair.tb / HEADER, mine)
     pair.b.now()
     pair.assert_b_shows(0, 1)
+    assert pair.b.status()["error"] is None and pair.b.status()["problems"] == []
 
 
 # ---------------------------------------------------------------------------- a home copied

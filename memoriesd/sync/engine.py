@@ -124,6 +124,8 @@ class TargetSync:
             out.header_adopted = self._read_header()
         # This device's last segment is read again: another copy of this home may have written over it.
         last_own = self.codec.segment_name(self.device, ts.epoch, ts.seq) if ts.seq else ""
+        if not any(size > MAX_FILE_BYTES and NAME_RE.match(n) for n, size in names.items()):
+            ts.problems.pop("oversized", None)  # reported while such a file is there
         for name, size in sorted(names.items()):
             if not NAME_RE.match(name) or name in ts.files and ts.files[name][0] != TIP and name != last_own:
                 continue
