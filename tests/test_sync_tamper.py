@@ -254,6 +254,7 @@ def test_half_written_segment_waits_until_it_is_whole(pair: Pair) -> None:
     pair.carry(s2, data=whole[:-1])  # all but the last byte
     pair.b.now()
     pair.assert_b_shows(0)
+    assert pair.b.status()["problems"] == []  # still arriving: not reported (for a minute)
     pair.carry(s2)
     pair.b.now()
     pair.assert_b_shows(0, 1, 2)
@@ -365,19 +366,22 @@ def test_files_of_another_vault_are_never_applied(pair: Pair) -> None:
     (x_seg,) = sync_files(other.target, "s")
     (x_tip,) = sync_files(other.target, "t")
     s2 = pair.write_a("Two", "second")
-    pair.carry(x_seg, data=(other.target / x_seg).read_bytes())  # under its own name
+    x_seg_bytes = (other.target / x_seg).read_bytes()
+    pair.carry(x_seg, data=x_seg_bytes)  # under its own name
     pair.carry(x_tip, data=(other.target / x_tip).read_bytes())
-    pair.carry(
-        s2, data=(other.target / x_seg).read_bytes()
-    )  # vault X's segment under the name B expects next
+    # and under the name B expects next of A
+    pair.carry(s2, data=x_seg_bytes)
     pair.b.now()
     pair.assert_b_shows(0)
-    assert [d["device"] for d in pair.b.status()["devices"]] == [
-        seen_of_a(pair)["device"]
-    ]  # no device of vault X
+    (problem,) = pair.b.status()["problems"]
+    assert "3 file(s) on the target do not open" in problem
+    # no device of vault X
+    assert [d["device"] for d in pair.b.status()["devices"]] == [seen_of_a(pair)["device"]]
     pair.carry(s2)
     pair.b.now()
     pair.assert_b_shows(0, 1)
+    (problem,) = pair.b.status()["problems"]
+    assert "2 file(s) on the target do not open" in problem
 
 
 def test_file_of_one_device_under_another_devices_name_is_never_applied(pair: Pair) -> None:
@@ -440,9 +444,13 @@ def test_segment_with_a_flipped_bit_is_never_applied(pair: Pair) -> None:
         pair.carry(s3)
         pair.b.now()
         pair.assert_b_shows(0)
+        # Whole in size but not authentic: damaged, not arriving, so reported at once.
+        (problem,) = pair.b.status()["problems"]
+        assert "1 file(s) on the target do not open" in problem
     pair.carry(s2)
     pair.b.now()
     pair.assert_b_shows(0, 1, 2)
+    assert pair.b.status()["problems"] == []
 
 
 def test_header_of_another_vault_stops_sync_with_one_line(pair: Pair) -> None:

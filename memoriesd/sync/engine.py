@@ -42,6 +42,7 @@ from .segments import (
     digest,
     read_target_header,
     target_header_bytes,
+    whole_size,
 )
 from .stamps import Clock, new_device_id
 from .state import Peer, SyncState, TargetState
@@ -138,12 +139,15 @@ class TargetSync:
             try:
                 opened = self.codec.open(name, data)
             except Unreadable:
-                first = self._unreadable.setdefault(name, time.time())
+                # A file of a whole sealed size is reported at once; another may still be arriving.
+                first = self._unreadable[name] = 0.0 if whole_size(len(data)) else self._unreadable.get(name, time.time())
                 if time.time() - first > UNREADABLE_GRACE_SECONDS:
                     self._problem("unreadable", f"{self._count_unreadable()} file(s) on the target do not open (incomplete, damaged, or another vault's): ignored")
                 continue
             self._unreadable.pop(name, None)
             self._take(name, opened)
+        if not self._count_unreadable():
+            ts.problems.pop("unreadable", None)
         self._switch_epoch(out)
         self._apply_inbox(out)
         self.clock.mark_published(self.tid, ts.upto)
