@@ -436,17 +436,19 @@ def test_sync_tool_temporary_and_conflict_files_are_ignored_and_conflict_copies_
         f"{s2}.partial": half,  # rclone / Dropbox-style partial download
         f".~{s2}.part": half,
         f"{s2}.sync-conflict-20261205-101010-ABCDEFG": whole,  # Syncthing's conflict copy
+        f"{s2} (Ada's conflicted copy 2026-12-05)": whole,  # Dropbox's
     }
     for name, data in strays.items():
         put(pair.tb / name, data)
     pair.b.now()
     pair.assert_b_shows(0)
     problems = pair.b.status()["problems"]
-    assert len(problems) == 1 and "conflict cop" in problems[0], problems
+    assert len(problems) == 1 and "2 conflict copies" in problems[0], problems
     pair.carry(s2)
     pair.b.now()
     pair.assert_b_shows(0, 1)
     (pair.tb / f"{s2}.sync-conflict-20261205-101010-ABCDEFG").unlink()
+    (pair.tb / f"{s2} (Ada's conflicted copy 2026-12-05)").unlink()
     pair.b.now()
     assert pair.b.status()["problems"] == []
 
