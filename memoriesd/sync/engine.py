@@ -54,6 +54,8 @@ log = logging.getLogger("memoriesd.sync")
 COMMIT_BATCH = 2000
 #: A file that still does not open after this long is reported (before: it may still be arriving).
 UNREADABLE_GRACE_SECONDS = 60.0
+#: This device's last segment is read again on each pull when it is at most this large.
+OWN_REREAD_BYTES = 256 << 10
 #: Markers of copies that sync tools make beside a file they could not reconcile.
 CONFLICT_MARKERS = (".sync-conflict-", " (conflicted copy", "conflict")
 
@@ -123,8 +125,11 @@ class TargetSync:
         self._note_strays(names)
         if HEADER_FILE in names:
             out.header_adopted = self._read_header()
-        # This device's last segment is read again: another copy of this home may have written over it.
+        # This device's last segment is read again: another copy of this home may have written over
+        # it (a large one, a compaction's base, is not: reading it on every pull would cost too much).
         last_own = self.codec.segment_name(self.device, ts.epoch, ts.seq) if ts.seq else ""
+        if names.get(last_own, 0) > OWN_REREAD_BYTES:
+            last_own = ""
         if not any(size > MAX_FILE_BYTES and NAME_RE.match(n) for n, size in names.items()):
             ts.problems.pop("oversized", None)  # reported while such a file is there
         for name, size in sorted(names.items()):
