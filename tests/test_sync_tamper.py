@@ -368,6 +368,24 @@ def test_file_too_large_for_a_sync_file_is_not_read_and_is_reported(pair: Pair) 
     assert pair.b.status()["problems"] == []
 
 
+def test_own_segment_gone_from_the_target_is_reported_and_compaction_writes_it_again(pair: Pair) -> None:
+    """B's own segment deleted (or the target restored from before it): B says so, other devices
+    cannot get that note meanwhile, and a compaction writes everything again."""
+    (own,) = sync_files(pair.tb, "s") - set(pair.carried)
+    (pair.tb / own).unlink()
+    pair.b.now()
+    (problem,) = pair.b.status()["problems"]
+    assert "gone from the target" in problem and "sync compact" in problem
+    pair.assert_b_shows(0)  # B keeps its note
+    pair.b.d.call("sync.compact", {"vault": pair.b.vault, "force": True})
+    pair.b.now()
+    assert pair.b.status()["problems"] == []
+    with running_daemon() as dc:
+        dc.call("vault.join", {"target": str(pair.tb), "passphrase": PASS})
+        c = Device(dc, pair.a.vault, pair.tb)
+        assert c.records() == {**pair.ids_of(0), **pair.local_b}
+
+
 # ---------------------------------------------------------------------------- mixed vaults, mixed devices
 
 

@@ -154,11 +154,26 @@ class TargetSync:
         if not self._count_unreadable():
             ts.problems.pop("unreadable", None)
         self._switch_epoch(out)
+        self._note_own_gone(names)
         self._apply_inbox(out)
         self.clock.mark_published(self.tid, ts.upto)
         ts.last_pull = time.time()
         self._save()
         return out
+
+    def _note_own_gone(self, names: dict[str, int]) -> None:
+        """This device's segments of this epoch gone from the target (deleted, or the target restored
+        from an old copy): other devices cannot get those changes until a compaction writes them again."""
+        ts = self.ts
+        gone = [n for n, f in ts.files.items() if f[0] == SEGMENT and f[1] == self.device and f[2] == ts.epoch and n not in names]
+        if gone:
+            self._problem(
+                "own_gone",
+                f"{len(gone)} of this device's segments are gone from the target (deleted, or restored from an old copy): "
+                f"other devices cannot get those changes; run `memories sync compact {self.vault.name} --force` to write everything again",
+            )
+        else:
+            ts.problems.pop("own_gone", None)
 
     def _note_strays(self, names: dict[str, int]) -> None:
         copies = [n for n in names if any(m in n for m in CONFLICT_MARKERS)]
