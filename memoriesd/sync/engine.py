@@ -39,8 +39,10 @@ from .segments import (
     Codec,
     Opened,
     Unreadable,
+    digest,
     read_target_header,
     target_header_bytes,
+    whole_size,
 )
 from .stamps import Clock, new_device_id
 from .state import Peer, SyncState, TargetState
@@ -52,6 +54,8 @@ log = logging.getLogger("memoriesd.sync")
 COMMIT_BATCH = 2000
 #: A file that still does not open after this long is reported (before: it may still be arriving).
 UNREADABLE_GRACE_SECONDS = 60.0
+#: This device's last segment is read again on each pull when it is at most this large.
+OWN_REREAD_BYTES = 256 << 10
 #: Markers of copies that sync tools make beside a file they could not reconcile.
 CONFLICT_MARKERS = (".sync-conflict-", " (conflicted copy", "conflict")
 
@@ -121,8 +125,15 @@ class TargetSync:
         self._note_strays(names)
         if HEADER_FILE in names:
             out.header_adopted = self._read_header()
+        # This device's last segment is read again: another copy of this home may have written over
+        # it (a large one, a compaction's base, is not: reading it on every pull would cost too much).
+        last_own = self.codec.segment_name(self.device, ts.epoch, ts.seq) if ts.seq else ""
+        if names.get(last_own, 0) > OWN_REREAD_BYTES:
+            last_own = ""
+        if not any(size > MAX_FILE_BYTES and NAME_RE.match(n) for n, size in names.items()):
+            ts.problems.pop("oversized", None)  # reported while such a file is there
         for name, size in sorted(names.items()):
-            if not NAME_RE.match(name) or name in ts.files and ts.files[name][0] != TIP:
+            if not NAME_RE.match(name) or name in ts.files and ts.files[name][0] != TIP and name != last_own:
                 continue
             if size > MAX_FILE_BYTES:
                 self._problem("oversized", f"{name} is larger than any sync file: ignored")
@@ -133,18 +144,36 @@ class TargetSync:
             try:
                 opened = self.codec.open(name, data)
             except Unreadable:
-                first = self._unreadable.setdefault(name, time.time())
+                # A file of a whole sealed size is reported at once; another may still be arriving.
+                first = self._unreadable[name] = 0.0 if whole_size(len(data)) else self._unreadable.get(name, time.time())
                 if time.time() - first > UNREADABLE_GRACE_SECONDS:
                     self._problem("unreadable", f"{self._count_unreadable()} file(s) on the target do not open (incomplete, damaged, or another vault's): ignored")
                 continue
             self._unreadable.pop(name, None)
             self._take(name, opened)
+        if not self._count_unreadable():
+            ts.problems.pop("unreadable", None)
         self._switch_epoch(out)
+        self._note_own_gone(names)
         self._apply_inbox(out)
         self.clock.mark_published(self.tid, ts.upto)
         ts.last_pull = time.time()
         self._save()
         return out
+
+    def _note_own_gone(self, names: dict[str, int]) -> None:
+        """This device's segments of this epoch gone from the target (deleted, or the target restored
+        from an old copy): other devices cannot get those changes until a compaction writes them again."""
+        ts = self.ts
+        gone = [n for n, f in ts.files.items() if f[0] == SEGMENT and f[1] == self.device and f[2] == ts.epoch and n not in names]
+        if gone:
+            self._problem(
+                "own_gone",
+                f"{len(gone)} of this device's segments are gone from the target (deleted, or restored from an old copy): "
+                f"other devices cannot get those changes; run `memories sync compact {self.vault.name} --force` to write everything again",
+            )
+        else:
+            ts.problems.pop("own_gone", None)
 
     def _note_strays(self, names: dict[str, int]) -> None:
         copies = [n for n in names if any(m in n for m in CONFLICT_MARKERS)]
@@ -213,15 +242,19 @@ class TargetSync:
         device = str(d.get("device", ""))
         if opened.kind == TIP:
             peer = ts.peers.setdefault(device, Peer())
+            # An older tip than one read before: a tip that lags behind segments is only in transit.
+            older = float(d.get("time", 0.0)) < peer.seen
             peer.seen = max(peer.seen, float(d.get("time", 0.0)))
             peer.label = str(d.get("label", ""))[:64]
             acks = d.get("acks")
             peer.acks = {str(k): int(v) for k, v in acks.items()} if isinstance(acks, dict) else {}
             seq = int(d.get("seq", 0))
-            if device == self.device and int(d.get("epoch", 0)) == ts.epoch and seq > ts.seq:
+            if device == self.device and int(d.get("epoch", 0)) == ts.epoch and (seq > ts.seq or seq == ts.seq and d.get("hash") != ts.hash):
                 self._own_ahead(seq)
-            elif device != self.device and int(d.get("epoch", 0)) == ts.epoch and seq < peer.seq:
-                self._problem("rolled_back", f"device {peer.label or device} shows fewer changes on the target than this device has seen (rolled back or restored from an old copy): this device keeps them")
+            elif device != self.device and int(d.get("epoch", 0)) == ts.epoch and older and seq < peer.seq:
+                self._problem(f"rolled_back {device}", f"device {peer.label or device} shows fewer changes on the target than this device has seen (rolled back or restored from an old copy): this device keeps them")
+            elif device != self.device and not older:
+                ts.problems.pop(f"rolled_back {device}", None)
             peer.tip_seq = max(peer.tip_seq, seq)
             return
         if opened.kind == EPOCH:
@@ -238,12 +271,44 @@ class TargetSync:
         copied to another machine, or restored from an older backup. This device never continues a
         chain that is not its own: it takes a new device id and publishes everything again."""
         old = self.device
+        agreed, agreed_hash = self._agreed(min(self.ts.seq, seq - 1))
+        top = self._top_stamp()
+        self.state.origin = self.state.origin or old
         self.state.device = new_device_id()
         for t in self.state.targets.values():
+            # The old id's chain is now the other copy's: it is applied from where the two agree
+            # (its own files above that are read again), and everything this device holds under
+            # the old id is published again under the new one (the other copy may have written
+            # over some of it; receivers keep one of each stamp).
+            if t is self.ts:
+                t.files = {n: f for n, f in t.files.items() if not (f[0] == SEGMENT and f[1] == old and f[3] > agreed)}
+                t.peers[old] = Peer(seq=agreed, hash=agreed_hash, seen=time.time(), tip_seq=seq)
+            else:
+                t.peers[old] = Peer(seq=t.seq, hash=t.hash, seen=time.time(), tip_seq=t.seq)
+            t.former[old] = ["", top]
             t.seq, t.hash, t.upto, t.own = 0, "", "", []
         self._problem("forked", f"this device's history on the target went further than this device (seq {seq}): the home was copied or restored; it now syncs as a new device")
         log.warning("sync %s: device %s forked on the target: now device %s", self.tid, old, self.state.device)
         raise DeviceForked(self.state.device)
+
+    def _top_stamp(self) -> str:
+        """The highest stamp of this device among the vault's versions and forgets ("" if none)."""
+        stamps = [s for rid, revs in self.store.histories().items() for s in versions(revs, self.store.conflicts.get(rid, ()), self.clock.origin)]
+        stamps += [s for s in self.store.setting_items(FORGOT_PREFIX).values() if isinstance(s, str)]
+        return max((s for s in stamps if stamp_device(s) == self.device), default="")
+
+    def _agreed(self, seq: int) -> tuple[int, str]:
+        """The last of this device's segments, from ``seq`` down, that the target holds as this
+        device wrote it (a missing one counts as held: dropped files are not another writer)."""
+        ts = self.ts
+        own = {f[3]: (n, str(f[4])) for n, f in ts.files.items() if f[0] == SEGMENT and f[1] == self.device and f[2] == ts.epoch}
+        while seq > 0 and seq in own:
+            name, dig = own[seq]
+            data = self.transport.read(name)
+            if data is None or digest(data) == dig:
+                return seq, dig
+            seq -= 1
+        return seq, own[seq][1] if seq in own else ""
 
     def _accepts(self, peer: Peer, seq: int, opened: Opened) -> bool:
         prev = str(opened.doc.get("prev", ""))
@@ -340,7 +405,7 @@ class TargetSync:
             self.activity = f"applying {min(start + COMMIT_BATCH, len(puts)):,} of {len(puts):,} versions"
             self.vault.check()
             with self.store.exclusive():
-                p = plan(self.store, self.device, puts[start : start + COMMIT_BATCH], forgotten)
+                p = plan(self.store, self.clock.origin, puts[start : start + COMMIT_BATCH], forgotten)
                 self.store.commit(p.records)
             out.applied += p.applied
             out.duplicates += p.duplicates
@@ -381,6 +446,7 @@ class TargetSync:
             size += n
         if chunk:
             self._write_segment(chunk, out)
+        ts.former.clear()  # published again (under this device's chain) with the rest
         if out.segments or self._tip_stale():
             self._write_tip()
         ts.last_push = time.time()
@@ -390,14 +456,21 @@ class TargetSync:
     def _unpublished(self) -> list[dict[str, Any]]:
         """This device's versions above the published stamp, oldest first, and its forgets."""
         ts, me = self.ts, self.device
+
+        def mine(stamp: str) -> bool:
+            if stamp_device(stamp) == me:
+                return stamp > ts.upto
+            lo_hi = ts.former.get(stamp_device(stamp))  # written under an id this device had before a fork
+            return lo_hi is not None and lo_hi[0] < stamp <= lo_hi[1]
+
         out: list[tuple[str, dict[str, Any]]] = []
         for rid, revs in self.store.histories().items():
             conflicts = self.store.conflicts.get(rid, ())
-            for stamp, ver in versions(revs, conflicts, me).items():
-                if stamp_device(stamp) == me and stamp > ts.upto:
+            for stamp, ver in versions(revs, conflicts, self.clock.origin).items():
+                if mine(stamp):
                     out.append((stamp, to_wire(ver.record, stamp, ver.parents)))
         for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
-            if isinstance(stamp, str) and stamp_device(stamp) == me and stamp > ts.upto:
+            if isinstance(stamp, str) and mine(stamp):
                 rid = key[len(FORGOT_PREFIX) :]
                 out.append((stamp, {"t": "del", "id": rid, "v": stamp, "p": [], "f": 1, "updated": time.time()}))
         out.sort(key=lambda x: x[0])
@@ -413,8 +486,6 @@ class TargetSync:
         name = self.codec.segment_name(self.device, ts.epoch, seq)
         self.vault.check()
         self.transport.write(name, data)
-        from .segments import digest
-
         mine = [v["v"] for v in chunk if stamp_device(v["v"]) == self.device]
         ts.seq, ts.hash = seq, digest(data)
         if mine:
@@ -579,7 +650,7 @@ class TargetSync:
 
         out: list[dict[str, Any]] = []
         for rid, revs in self.store.histories().items():
-            known = versions(revs, self.store.conflicts.get(rid, ()), self.device)
+            known = versions(revs, self.store.conflicts.get(rid, ()), self.clock.origin)
             for stamp in heads(known):
                 ver = known[stamp]
                 out.append(to_wire(ver.record, stamp, sorted(_ancestors(known, stamp))))

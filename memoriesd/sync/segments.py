@@ -55,6 +55,13 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def whole_size(n: int) -> bool:
+    """Whether a target file of ``n`` bytes has the size of a whole sealed file (a padded bucket):
+    one that does not open then is damaged or not this vault's, not a file still arriving."""
+    padded = n - len(MAGIC) - 1 - crypto.SEAL_OVERHEAD
+    return padded >= 1024 and bucket(padded) == padded
+
+
 def _pad(plain: bytes) -> bytes:
     body = zlib.compress(plain, 6)
     framed = struct.pack(">I", len(body)) + body
@@ -206,4 +213,5 @@ __all__ = [
     "digest",
     "read_target_header",
     "target_header_bytes",
+    "whole_size",
 ]

@@ -45,7 +45,7 @@ class VaultSync:
         self.state = state
         self.file = state_file
         self.codec = Codec(vault.keys, vault.vault_id)
-        self.clock = Clock(state.device, _highest_hlc(vault))
+        self.clock = Clock(state.device, _highest_hlc(vault), state.origin)
         self._cond = threading.Condition()
         self._changed = 0.0  # first change not yet pushed (0: none)
         self._last_change = 0.0
@@ -210,7 +210,7 @@ class VaultSync:
                     pushed = sync.push()
                     break
                 except DeviceForked:
-                    self.clock = Clock(self.state.device, _highest_hlc(self.vault))
+                    self.clock = Clock(self.state.device, _highest_hlc(self.vault), self.state.origin)
                     self.store.stamper = self.clock
                     for other_id, other in self._targets.items():
                         other.clock = self.clock
@@ -300,7 +300,7 @@ class VaultSync:
         out = []
         for rid, revs in self.store.histories().items():
             if rid in self.store.conflicts or any(r.version and len(r.parents) == 0 for r in revs[1:]) or _branches(revs):
-                if open_conflicts(self.store, self.state.device, rid):
+                if open_conflicts(self.store, self.clock.origin, rid):
                     out.append(rid)
         return sorted(out)
 

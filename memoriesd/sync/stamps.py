@@ -36,10 +36,11 @@ def stamp_hlc(stamp: str) -> int:
 class Clock:
     """The hybrid logical clock of one device for one vault (thread-safe)."""
 
-    def __init__(self, device: str, floor: int = 0) -> None:
+    def __init__(self, device: str, floor: int = 0, origin: str = "") -> None:
         if not DEVICE_RE.match(device):
             raise ValueError("invalid device id")
         self._device = device
+        self._origin = origin or device
         self._last = floor
         self._lock = threading.Lock()
         self._published: dict[str, str] = {}  # target id -> highest own stamp published there
@@ -47,6 +48,12 @@ class Clock:
     @property
     def device(self) -> str:
         return self._device
+
+    @property
+    def origin(self) -> str:
+        """The id that derives stamps of revisions older than sync: the device's first id (a home
+        copied and forked keeps it, so those revisions keep the stamps already published)."""
+        return self._origin
 
     def next(self) -> str:
         """A new stamp, higher than every stamp this clock made or observed."""

@@ -56,6 +56,7 @@ class TargetState:
     files: dict[str, list[Any]] = field(default_factory=dict)  # name -> [kind, device, epoch, seq, digest] of opened files
     wrap_time: float = 0.0  # the passphrase change (its time) whose header this device has
     header_wrap: str = ""  # this device's wrapped key as last synced with the target: another one here is a local passwd
+    former: dict[str, list[str]] = field(default_factory=dict)  # id before a fork -> [published upto, highest stamp]: to publish again
     forget_seq: int = 0  # the own segment holding the latest forget not yet compacted away
     rekey: bool = False  # the vault key changed here: the target is to be written again under it
     last_push: float = 0.0
@@ -79,6 +80,7 @@ class SyncState:
 
     device: str = field(default_factory=new_device_id)
     label: str = ""
+    origin: str = ""  # the first device id, kept by a fork: it derives stamps of revisions older than sync
     targets: dict[str, TargetState] = field(default_factory=dict)  # by target id (short, local)
 
     def to_bytes(self) -> bytes:
@@ -88,7 +90,7 @@ class SyncState:
     def from_bytes(data: bytes) -> SyncState:
         doc = json.loads(data.decode("utf-8"))
         targets = {k: TargetState.from_dict(dict(v)) for k, v in doc.get("targets", {}).items()}
-        return SyncState(device=str(doc["device"]), label=str(doc.get("label", "")), targets=targets)
+        return SyncState(device=str(doc["device"]), label=str(doc.get("label", "")), origin=str(doc.get("origin", "")), targets=targets)
 
 
 class StateFile:

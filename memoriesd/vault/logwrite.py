@@ -224,7 +224,7 @@ class LogWriter:
                 if rid in latest:
                     parents = [latest[rid]]
                 else:
-                    parents = heads(versions(self.records.get(rid, ()), self.conflicts.get(rid, ()), stamper.device))
+                    parents = heads(versions(self.records.get(rid, ()), self.conflicts.get(rid, ()), stamper.origin))
                 entry["v"] = latest[rid] = stamper.next()
                 entry["p"] = parents
 
@@ -387,7 +387,7 @@ class LogWriter:
             if revs[-1].version and keep_revisions is not None:
                 stamper = self.stamper
                 device, published = (stamper.device, stamper.published_upto) if stamper is not None else ("", "")
-                extra += dropped_heads(revs, live, extra, device)
+                extra += dropped_heads(revs, live, extra, stamper.origin if stamper is not None else "")
                 live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, device, published)
             new_records[rid] = live
             entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)

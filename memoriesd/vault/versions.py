@@ -33,6 +33,11 @@ class Stamper(Protocol):
         """This device's versions up to this stamp are on every target (others may hold them)."""
         ...
 
+    @property
+    def origin(self) -> str:
+        """The device id that derives the stamps of revisions written before the vault synced."""
+        ...
+
     def next(self) -> str: ...
 
 
