@@ -132,3 +132,20 @@ def test_compact_without_every_acknowledgement_is_refused_unless_forced() -> Non
         assert refused.value.code == "usage" and "--force" in refused.value.message
         out = a.call("sync.compact", {"vault": vid, "force": True})
         assert out["epoch"] == 1 and out["files_removed"] >= 1
+
+
+def test_a_lost_sync_state_neither_loses_writes_nor_makes_conflicts() -> None:
+    """Notes written before the vault first synced have derived stamps: after sync-state.bin is lost
+    (and the target added again) they keep them, so no device sees a second, concurrent copy."""
+    with two_devices(notes=4) as (a, b, vid, target, _ids):
+        a.call("memory.add", {"vault": vid, "kind": "memory", "title": "not pushed yet", "body": "only on A"})
+        a.call("vault.lock", {"vault": vid})
+        (a.home / "vaults" / vid / "sync-state.bin").unlink()
+        a.call("vault.unlock", {"vault": vid, "passphrase": PASS})
+        assert a.call("sync.status", {"vault": vid})["targets"] == []
+        a.call("sync.add", {"vault": vid, "target": str(target)})
+        settle((a, vid), (b, vid))
+        assert titles(a, vid) == titles(b, vid)
+        assert "not pushed yet" in titles(b, vid)
+        for d in (a, b):
+            assert d.call("sync.status", {"vault": vid})["conflicts"] == []

@@ -59,7 +59,7 @@ def whole_size(n: int) -> bool:
     """Whether a target file of ``n`` bytes has the size of a whole sealed file (a padded bucket):
     one that does not open then is damaged or not this vault's, not a file still arriving."""
     padded = n - len(MAGIC) - 1 - crypto.SEAL_OVERHEAD
-    return padded >= 1024 and bucket(padded) == padded
+    return padded >= 128 and bucket(padded) == padded
 
 
 def _pad(plain: bytes) -> bytes:

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Cancelled, MemoriesError, NotFound, UsageError
 from ..memory.forget import purge
 from ..vault.live import LiveVault
+from ..vault.store import Setting
 from ..vault.versions import stamp_device
 from .engine import CycleResult, DeviceForked, TargetSync
 from .merge import open_conflicts
 from .segments import Codec
-from .stamps import Clock, stamp_hlc
+from .stamps import DEVICE_RE, Clock, stamp_hlc
 from .state import StateFile, SyncState, TargetState
 from .transport import TargetError, Transport, parse_target
 
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from ..rag.host import Host
 
 log = logging.getLogger("memoriesd.sync")
+
+#: The vault setting that keeps the device id deriving stamps of revisions older than sync.
+ORIGIN_SETTING = "sync.origin"
 
 
 
@@ -97,7 +101,11 @@ class VaultSync:
         tid = f"t{len(self.state.targets) + 1}"
         while tid in self.state.targets:
             tid += "x"
-        self.state.targets[tid] = TargetState(target=described, added=time.time())
+        self.state.targets[tid] = ts_new = TargetState(target=described, added=time.time())
+        if self.state.origin and self.state.origin != self.state.device and self.state.origin not in ts_new.former:
+            # This device synced before under another id (its sync state was lost or it forked): what
+            # it wrote under that id is published again (devices that have it skip it).
+            ts_new.former[self.state.origin] = ["", "~"]
         self.save()
         self._open_target(tid)
         self.start()
@@ -413,6 +421,15 @@ class SyncService:
         self._begin(vault, state, sf)
 
     def _begin(self, vault: LiveVault, state: SyncState, sf: StateFile) -> VaultSync:
+        # The id that derives the stamps of revisions older than sync is kept in the vault's log too
+        # (settings stay on this device): a lost sync-state.bin must not give those revisions new
+        # stamps (every other device would see them as concurrent copies).
+        kept = vault.store.settings.get(ORIGIN_SETTING)
+        if isinstance(kept, str) and DEVICE_RE.match(kept):
+            state.origin = kept
+        else:
+            state.origin = state.origin or state.device
+            vault.store.commit([Setting(ORIGIN_SETTING, state.origin)])
         vs = VaultSync(self.app, vault, state, sf)
         with self._lock:
             self._vaults[vault.vault_id] = vs

@@ -386,9 +386,11 @@ class LogWriter:
             extra = list(self.conflicts.get(rid, ()))
             if revs[-1].version and keep_revisions is not None:
                 stamper = self.stamper
-                device, published = (stamper.device, stamper.published_upto) if stamper is not None else ("", "")
-                extra += dropped_heads(revs, live, extra, stamper.origin if stamper is not None else "")
-                live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, device, published)
+                origin = stamper.origin if stamper is not None else ""
+                own = {stamper.device, origin} if stamper is not None else set()
+                published = stamper.published_upto if stamper is not None else ""
+                extra += dropped_heads(revs, live, extra, origin)
+                live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, origin, own, published)
             new_records[rid] = live
             entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)
             if extra:  # conflict revisions follow their record's revisions

@@ -101,13 +101,14 @@ def dropped_heads(revs: Sequence[Record], kept: Sequence[Record], conflicts: Seq
 
 
 def spliced(
-    revs: Sequence[Record], conflicts: Iterable[Record], live: list[Record], extra: list[Record], device: str, published: str
+    revs: Sequence[Record], conflicts: Iterable[Record], live: list[Record], extra: list[Record], origin: str,
+    own: set[str], published: str,
 ) -> tuple[list[Record], list[Record]]:
     """Kept versions whose parents a compaction drops name those parents' parents instead, through
     this device's own dropped versions that no target has yet (``published``: the highest own stamp
     every target has; another device's versions, and this device's published ones, others may hold):
     every device then sees the same ancestry, and the same heads."""
-    full = versions(revs, conflicts, device)
+    full = versions(revs, conflicts, origin)
     kept = {r.version for r in live} | {r.version for r in extra}
 
     def splice(parents: tuple[str, ...]) -> tuple[str, ...]:
@@ -118,7 +119,7 @@ def spliced(
             if p in seen:
                 continue
             seen.add(p)
-            if p in kept or p not in full or stamp_device(p) != device or p <= published:
+            if p in kept or p not in full or stamp_device(p) not in own or p <= published:
                 out.append(p)  # a version other devices may hold: published by this device or another
             else:
                 todo.extend(full[p].parents)

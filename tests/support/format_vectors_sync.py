@@ -20,7 +20,7 @@ from unittest import mock
 
 from memoriesd.sync.engine import TargetSync
 from memoriesd.sync.merge import to_wire
-from memoriesd.sync.segments import HEADER_FILE, MAGIC, SEGMENT, TIP, Codec, Unreadable, bucket, digest
+from memoriesd.sync.segments import HEADER_FILE, MAGIC, SEGMENT, TIP, Codec, Unreadable, bucket, digest, whole_size
 from memoriesd.sync.stamps import Clock
 from memoriesd.sync.state import MAGIC as STATE_MAGIC
 from memoriesd.sync.state import StateFile, SyncState, TargetState
@@ -170,6 +170,9 @@ def sync_case(
     more: dict[str, dict[str, bytes]] | None = None,
 ) -> None:
     assert not any(c["name"] == name for c in SYNC_CASES), name
+    # A file of a whole sealed size that does not open is damaged, not arriving: reported at once.
+    if any(str(why).startswith("refused") and whole_size(len(files.get(n, b""))) for n, why in expect["open"].items()):
+        expect = {**expect, "problems": sorted({*expect["problems"], "unreadable"})}
     SYNC_CASES.append(
         {"name": name, "defect": what, "expect": expect, "_files": {"target": files, **(more or {})}}
     )
