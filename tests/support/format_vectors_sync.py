@@ -20,7 +20,17 @@ from unittest import mock
 
 from memoriesd.sync.engine import TargetSync
 from memoriesd.sync.merge import to_wire
-from memoriesd.sync.segments import HEADER_FILE, MAGIC, SEGMENT, TIP, Codec, Unreadable, bucket, digest, whole_size
+from memoriesd.sync.segments import (
+    HEADER_FILE,
+    MAGIC,
+    SEGMENT,
+    TIP,
+    Codec,
+    Unreadable,
+    bucket,
+    digest,
+    whole_size,
+)
 from memoriesd.sync.stamps import Clock
 from memoriesd.sync.state import MAGIC as STATE_MAGIC
 from memoriesd.sync.state import StateFile, SyncState, TargetState
