@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import string
@@ -35,15 +36,20 @@ from typing import Any
 import pytest
 
 from memoriesd.sync.segments import HEADER_FILE, NAME_RE, Codec, Unreadable, read_target_header
-from memoriesd.vault.keywrap import unwrap_key
 from memoriesd.vault.keys import VaultKeys
+from memoriesd.vault.keywrap import unwrap_key
 from memoriesd.vault.store import VaultStore
 from memoriesd.vault.versions import FORGOT_PREFIX
 
 from .conftest import Daemon, DaemonError, print_log_if_failed, short_tmpdir, write_config
 
 PASS = "correct horse battery staple"
-SEEDS = (11, 22, 33)
+#: Fixed seeds; MEMORIES_SYNC_SEEDS=FIRST-LAST runs others (a longer hunt, e.g. ``1-40``).
+SEEDS = (
+    tuple(range(int(_r.split("-")[0]), int(_r.split("-")[-1]) + 1))
+    if (_r := os.environ.get("MEMORIES_SYNC_SEEDS"))
+    else (11, 22, 33)
+)
 STEPS = 40
 #: Longest wait for one condition (a restart, a quiet target, an index catching up).
 DEADLINE = 30.0
@@ -62,6 +68,7 @@ STEP_WEIGHTS = {
     "settle": 1,
     "kill": 1,
     "kill_in_sync": 1,
+    "kill_in_background": 1,
 }
 
 
@@ -78,7 +85,9 @@ def schedule(seed: int, steps: int = STEPS) -> list[Step]:
     """The steps for ``seed``: the same list every run (the outcome of each may vary with timing)."""
     rng = random.Random(seed)
     ops, weights = list(STEP_WEIGHTS), list(STEP_WEIGHTS.values())
-    return [Step(rng.choices(ops, weights)[0], rng.randrange(2), rng.randrange(1 << 30)) for _ in range(steps)]
+    return [
+        Step(rng.choices(ops, weights)[0], rng.randrange(2), rng.randrange(1 << 30)) for _ in range(steps)
+    ]
 
 
 @dataclass
@@ -99,7 +108,9 @@ class Truth:
     writes: list[Write] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)  # fact key -> a record id it was acknowledged with
     forgotten: dict[str, int] = field(default_factory=dict)  # record id -> step of its (first) forget
-    target_at_forget: set[tuple[str, str]] = field(default_factory=set)  # (name, sha256) on the target at a forget
+    target_at_forget: set[tuple[str, str]] = field(
+        default_factory=set
+    )  # (name, sha256) on the target at a forget
 
     def ids(self) -> list[str]:
         return list(dict.fromkeys(w.rid for w in self.writes))
@@ -136,7 +147,11 @@ def _text(rng: random.Random) -> str:
 
 
 def _target_files(target: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in target.iterdir() if p.is_file() and NAME_RE.match(p.name)}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in target.iterdir()
+        if p.is_file() and NAME_RE.match(p.name)
+    }
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
@@ -159,12 +174,13 @@ class Run:
         self.target = root / "target"
         self.truth = Truth()
         homes = [root / "a", root / "b"]
-        for h in homes:
-            write_config(h)
+        for h in homes:  # a short debounce: the background sync runs between most steps, and is cut
+            write_config(h, "[sync]\ndebounce_seconds = 0.2\n")
         self.devices = [Device(homes[0], "A"), Device(homes[1], "B")]
         self.kills = 0
         self.trace: list[str] = []  # what each step did (printed when the test fails)
         self.kills_in_sync = 0
+        self.cuts_mid_push = 0  # power cuts that came while a push was writing the target
 
     # ------------------------------------------------------------------ set-up
 
@@ -190,7 +206,9 @@ class Run:
                 getattr(self, f"_{step.op}")(i, step.who)
             made = " ".join(f"{w.rid}{'(deleted)' if w.deleted else ''}" for w in self.truth.writes[n:])
             forgot = " ".join(r for r, s in self.truth.forgotten.items() if s == i)
-            self.trace.append(f"{i:3d} {'AB'[step.who]} {step.op:13s} {made}{' forgot ' + forgot if forgot else ''}")
+            self.trace.append(
+                f"{i:3d} {'AB'[step.who]} {step.op:13s} {made}{' forgot ' + forgot if forgot else ''}"
+            )
 
     def _add(self, step: int, who: int) -> None:
         body = _text(self.rng)
@@ -297,9 +315,23 @@ class Run:
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline and not outcome and _target_files(self.target) == before:
             time.sleep(0.002)
+        self.cuts_mid_push += _target_files(self.target) != before and not outcome
         d.power_cut()
         t.join(DEADLINE)
         self.kills_in_sync += 1
+        self._check_own_writes(who)
+
+    def _kill_in_background(self, step: int, who: int) -> None:
+        """A note added, then a power cut as soon as the background sync starts writing the target
+        (or after a moment, when it had nothing to write)."""
+        before = _target_files(self.target)
+        self._add(step, who)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and _target_files(self.target) == before:
+            time.sleep(0.002)
+        self.cuts_mid_push += _target_files(self.target) != before
+        self.devices[who].power_cut()
+        self.kills += 1
         self._check_own_writes(who)
 
     def _check_own_writes(self, who: int) -> None:
@@ -315,9 +347,13 @@ class Run:
                 rec = d.call("memory.read", {"id": rid})
             except DaemonError as exc:
                 # another device's later delete (or forget) may have reached this one by sync
-                assert exc.code == "not_found" and self._changed_elsewhere(rid, who), f"write of step {w.step} lost by a power cut"
+                assert exc.code == "not_found" and self._changed_elsewhere(rid, who), (
+                    f"write of step {w.step} lost by a power cut"
+                )
                 continue
-            assert rec["body"] == w.body or self._changed_elsewhere(rid, who), f"write of step {w.step} lost by a power cut"
+            assert rec["body"] == w.body or self._changed_elsewhere(rid, who), (
+                f"write of step {w.step} lost by a power cut"
+            )
 
     def _changed_elsewhere(self, rid: str, who: int) -> bool:
         """Whether the other device wrote ``rid`` at all (its version may win by sync)."""
@@ -374,7 +410,9 @@ class Run:
                 # Whether a version is a conflict revision is where this device's log keeps it (its
                 # own line of edits stays its revisions): compared are the versions and which of
                 # them are unresolved heads, not that placement.
-                revs.add((row.get("device") or me, row["title"], body, row["deleted"], bool(row.get("unresolved"))))
+                revs.add(
+                    (row.get("device") or me, row["title"], body, row["deleted"], bool(row.get("unresolved")))
+                )
             try:
                 rec = d.call("memory.read", {"id": rid})
                 current: tuple[Any, ...] = (rec["kind"], rec["title"], rec["body"], False)
@@ -414,7 +452,9 @@ class Run:
             assert current[2] == w.body, f"the last write of {rid} (step {w.step}) is not current: {current}"
             for x in self.truth.writes:
                 if x.rid == rid and not x.deleted:
-                    assert x.body in {r[2] for r in revs}, f"the write of step {x.step} is not in the history of {rid}"
+                    assert x.body in {r[2] for r in revs}, (
+                        f"the write of step {x.step} is not in the history of {rid}"
+                    )
 
     def check_forgotten_gone(self, held: dict[str, Any]) -> None:
         for rid in self.truth.forgotten:
@@ -432,10 +472,12 @@ class Run:
             return
         rid, body = live[0]
         for d in self.devices:
-            _wait(
-                lambda d=d: any(h["record_id"] == rid for h in d.call("rag.search", {"query": body.split()[1], "mode": "bm25"})["results"]),
-                f"{d.name} finding a synced record",
-            )
+
+            def finds(d: Device = d) -> bool:
+                hits = d.call("rag.search", {"query": body.split()[1], "mode": "bm25"})["results"]
+                return any(h["record_id"] == rid for h in hits)
+
+            _wait(finds, f"{d.name} finding a synced record")
 
     def compact_and_check_target(self) -> None:
         """A forced compaction on a device that forgot; then no file of the target is one that was
@@ -475,10 +517,14 @@ class Run:
                     # deletion of the schedule superseded may be gone with it.
                     deleted_later = any(x.rid == w.rid and x.deleted for x in self.truth.writes[i + 1 :])
                     if w.rid not in self.truth.forgotten and not deleted_later:
-                        assert w.body in held.get(w.rid, set()), f"{d.name} lost the write of step {w.step} to {w.rid}"
+                        assert w.body in held.get(w.rid, set()), (
+                            f"{d.name} lost the write of step {w.step} to {w.rid}"
+                        )
                 texts = {t for bodies in held.values() for t in bodies}
                 assert not (texts & forgotten), f"{d.name}'s log still holds forgotten text"
-                assert not (set(held) & set(self.truth.forgotten)), f"{d.name}'s log still holds a forgotten record"
+                assert not (set(held) & set(self.truth.forgotten)), (
+                    f"{d.name}'s log still holds a forgotten record"
+                )
                 marks = {k.removeprefix(FORGOT_PREFIX) for k in store.setting_items(FORGOT_PREFIX)}
                 assert set(self.truth.forgotten) <= marks, f"{d.name} has not applied every forget"
             finally:
@@ -512,7 +558,9 @@ def root(request: pytest.FixtureRequest) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_two_devices_converge_after_random_work_and_power_cuts(seed: int, root: Path, request: pytest.FixtureRequest) -> None:
+def test_two_devices_converge_after_random_work_and_power_cuts(
+    seed: int, root: Path, request: pytest.FixtureRequest
+) -> None:
     run = Run(root, seed)
     try:
         run.begin()
@@ -525,6 +573,12 @@ def test_two_devices_converge_after_random_work_and_power_cuts(seed: int, root: 
         if run.truth.forgotten:
             run.compact_and_check_target()
             run.check_converged()
+        status = run.devices[0].status()
+        print(
+            f"seed {seed}: {len(run.truth.writes)} writes, {len(run.truth.forgotten)} forgets, "
+            f"{run.kills + run.kills_in_sync} power cuts ({run.kills_in_sync} during sync.now, {run.cuts_mid_push} mid-push), "
+            f"{len(status['conflicts'])} conflicted record(s), epoch {status['targets'][0]['epoch']}"
+        )
         run.stop()
         run.check_logs()
     except BaseException:
