@@ -39,7 +39,7 @@ from .format import (
 )
 from .keywrap import why
 from .records import Record
-from .versions import FORGOT_PREFIX, Stamper, dropped_heads, heads, spliced, versions
+from .versions import FORGOT_PREFIX, Stamper, dropped_heads, heads, resolved_kept, spliced, versions
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -387,7 +387,8 @@ class LogWriter:
             if revs[-1].version and keep_revisions is not None:
                 stamper = self.stamper
                 device, published = (stamper.device, stamper.published_upto) if stamper is not None else ("", "")
-                extra += dropped_heads(revs, live, extra, stamper.origin if stamper is not None else "")
+                origin = stamper.origin if stamper is not None else ""
+                extra = resolved_kept(revs, live, extra, origin) + dropped_heads(revs, live, extra, origin)
                 live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, device, published)
             new_records[rid] = live
             entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)
