@@ -41,7 +41,7 @@ from memoriesd.vault.keywrap import unwrap_key
 from memoriesd.vault.store import VaultStore
 from memoriesd.vault.versions import FORGOT_PREFIX
 
-from .conftest import Daemon, DaemonError, print_log_if_failed, short_tmpdir, write_config
+from .conftest import Daemon, DaemonError, short_tmpdir, write_config
 
 PASS = "correct horse battery staple"
 #: Fixed seeds; MEMORIES_SYNC_SEEDS=FIRST-LAST runs others (a longer hunt, e.g. ``1-40``).
@@ -207,8 +207,9 @@ class Run:
                 getattr(self, f"_{step.op}")(i, step.who)
             made = " ".join(f"{w.rid}{'(deleted)' if w.deleted else ''}" for w in self.truth.writes[n:])
             forgot = " ".join(r for r, s in self.truth.forgotten.items() if s == i)
+            at = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
             self.trace.append(
-                f"{i:3d} {'AB'[step.who]} {step.op:13s} {made}{' forgot ' + forgot if forgot else ''}"
+                f"{at} {i:3d} {'AB'[step.who]} {step.op:13s} {made}{' forgot ' + forgot if forgot else ''}"
             )
 
     def _add(self, step: int, who: int) -> None:
@@ -545,7 +546,10 @@ class Run:
         record not forgotten is a revision or a conflict revision of it, and no forgotten record or
         text is in the log."""
         forgotten = {t for rid in self.truth.forgotten for t in self.truth.texts_of(rid)}
+        every = {w.body for w in self.truth.writes if w.body}
         for d in self.devices:
+            said = "".join(p.read_text("utf-8", "replace") for p in (d.home / "logs").glob("*.log*"))
+            assert not any(t.split()[0] in said for t in every), f"{d.name}'s daemon log holds note text"
             store = VaultStore.open(d.home / "vaults" / d.vid, passphrase=PASS.encode())
             try:
                 held = {rid: {r.body for r in revs} for rid, revs in store.histories().items()}
@@ -560,8 +564,9 @@ class Run:
                         assert w.body in held.get(w.rid, set()), (
                             f"{d.name} lost the write of step {w.step} to {w.rid}"
                         )
-                texts = {t for bodies in held.values() for t in bodies}
-                assert not (texts & forgotten), f"{d.name}'s log still holds forgotten text"
+                kept = {rid for rid, bodies in held.items() if bodies & forgotten}
+                self.suspects |= kept
+                assert not kept, f"{d.name}'s log still holds forgotten text (in records {sorted(kept)})"
                 assert not (set(held) & set(self.truth.forgotten)), (
                     f"{d.name}'s log still holds a forgotten record"
                 )
@@ -623,13 +628,15 @@ def test_two_devices_converge_after_random_work_and_power_cuts(
         run.check_logs()
     except BaseException:
         print("\n".join(["---- schedule ----", *run.trace]))
+        run.stop()
         if run.suspects:
-            run.stop()
             print("\n".join(["---- versions ----", *run.dump()]))
+        for d in run.devices:  # the daemon log holds no note text, titles or secrets
+            print(f"---- {d.name}: memoriesd.log (last 80 lines) ----")
+            print("\n".join(d.daemon.log_text().splitlines()[-80:]))
         raise
     finally:
         for d in run.devices:
-            print_log_if_failed(request, d.daemon)
             d.daemon.stop()
 
 
