@@ -15,8 +15,8 @@ from memoriesd.sync.engine import TargetSync
 from memoriesd.sync.transport import parse_target
 from memoriesd.vault.keywrap import KdfParams
 from memoriesd.vault.records import Record, now
-from memoriesd.vault.store import VaultStore
-from memoriesd.vault.versions import heads, versions
+from memoriesd.vault.store import Setting, VaultStore
+from memoriesd.vault.versions import FORGOT_PREFIX, heads, versions
 
 from .test_sync_merge import Device
 
@@ -165,3 +165,94 @@ def test_a_power_cut_inside_a_target_compaction_does_not_stop_the_device_applyin
     finally:
         a.close()
         b.close()
+
+
+def test_a_forget_cut_between_its_deletion_and_the_log_compaction_is_finished_by_the_next_sync(
+    tmp_path: Path,
+) -> None:
+    """``purge`` commits the deletion with the ``sync.forgot.<id>`` mark, then compacts the log. Cut
+    between the two (a forget received by sync, with no one to retry it), the log kept the record's
+    text under a forget already marked done: the next received copy of the forget was skipped (the
+    mark said it was applied) and nothing compacted the log again until some other forget."""
+    target = tmp_path / "target"
+    target.mkdir()
+    a = Device(tmp_path, "a", target, None)
+    rid = "rec0000000000001"
+    a.write(rid, "text b will forget")
+    a.cycle()
+    b = Device(tmp_path, "b", target, a.store)
+    b.cycle()
+    b.forget(rid)
+    b.cycle()
+    # What A's log holds when its purge of the received forget is cut after its first commit: the
+    # deletion and the mark (with the forget's stamp), every earlier revision still there.
+    stamp = b.store.setting_items(FORGOT_PREFIX)[FORGOT_PREFIX + rid]
+    last = a.store.revisions(rid)[-1]
+    tomb = Record(
+        rid,
+        last.revision + 1,
+        last.kind,
+        "",
+        "",
+        False,
+        (),
+        created=last.created,
+        updated=now(),
+        deleted=True,
+    )
+    a.store.commit([tomb, Setting(FORGOT_PREFIX + rid, stamp)])
+    assert any(r.body == "text b will forget" for r in a.store.revisions(rid))
+    a.sync = TargetSync(
+        a.vault, a.state, "t1", parse_target(str(target)), a.codec, a.clock, lambda: None, a._purge
+    )
+    try:
+        a.cycle()
+        assert not a.store.revisions(rid), "the forgotten text is still in A's log after a sync"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_compaction_keeps_a_deletion_in_the_history_of_a_record_another_device_brought_back(
+    tmp_path: Path,
+) -> None:
+    """A deletion here, then an edit from another device that names it (the record is back): the
+    deletion is one of the record's versions, held by every device. A forget's log compaction kept
+    only the revisions that are not deletions, so this device alone lost that version: `memory
+    history` differed between the devices (the other kept it)."""
+    rid = "rec0000000000001"
+    s1, s2, s3 = _stamp(1 << 16, A), _stamp(2 << 16, A), _stamp(3 << 16, B)
+    store = VaultStore.create(tmp_path / "abcdefghijkl", "abcdefghijkl", "v", PASS, CHEAP)
+    try:
+        store.commit([_put(rid, 1, "first", s1, [])])
+        first = store.revisions(rid)[-1]
+        store.commit(
+            [
+                Record(
+                    rid,
+                    2,
+                    "memory",
+                    "",
+                    "",
+                    False,
+                    (),
+                    created=first.created,
+                    updated=now(),
+                    deleted=True,
+                    version=s2,
+                    parents=(s1,),
+                )
+            ]
+        )
+        store.commit([_put(rid, 3, "B's edit after the deletion", s3, [s2])])
+        before = set(versions(store.revisions(rid), store.conflicts.get(rid, ()), A))
+
+        store.compact(KEEP_ALL)
+
+        assert set(versions(store.revisions(rid), store.conflicts.get(rid, ()), A)) == before == {s1, s2, s3}
+        assert store.get(rid).body == "B's edit after the deletion"
+        store.close()
+        store = VaultStore.open(tmp_path / "abcdefghijkl", passphrase=PASS)  # the compacted log reads back the same
+        assert [r.version for r in store.revisions(rid)] == [s1, s2, s3]
+    finally:
+        store.close()
