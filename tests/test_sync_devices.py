@@ -5,14 +5,24 @@ joins. A seeded schedule (the same steps for the same seed) then adds, edits and
 remembers and revises facts, forgets records by id (``memory.forget`` as ``memories memory forget
 --id`` sends it), runs ``sync.now`` on one side or lets the background sync run, and cuts the power
 of one daemon (``kill -9`` of every process of it) at random points: right after a write was
-acknowledged, or while a ``sync.now`` runs in another thread. Every acknowledged write is recorded.
+acknowledged, while a ``sync.now`` runs in another thread, or as soon as the background sync starts
+writing the target. Every acknowledged write is recorded.
 
 After quiescence (``sync.now`` on both until neither has anything unpublished and each has applied
 every segment the other published) both devices must hold the same records, the same revisions and
-the same conflicts; no acknowledged write is lost (it is current, or the schedule wrote the record
-later, or the record was forgotten); forgotten text is in no read or search on either device, and
-after a forced compaction in no file of the target and in neither vault's log (both opened with the
-passphrase in this process: the bytes on disk are sealed, so only their plaintext can show it).
+the same conflicts; no acknowledged write is lost (the last one of each record is current, and every
+one is in both logs unless a later deletion or a forget of the schedule superseded it); forgotten
+text is in no read or search on either device, and after a forced compaction in no file of the
+target and in neither vault's log (both opened with the passphrase in this process: the bytes on disk
+are sealed, so only their plaintext can show it); the daemons' logs hold no note text.
+
+A forget wins over every write of its record, also one made after it on a device that had not seen
+it yet. The log compaction a forget makes keeps only a deleted record's tombstone (issue 29), so when
+the other device's concurrent edit brings that record back, the device that compacted no longer has
+the revisions before the deletion: the only difference between the devices' histories allowed.
+
+A failure prints the schedule (with times, to read beside the daemons' logs, which it prints too) and
+the versions each log holds of the records the devices disagree on.
 
 The merge itself is property-tested in-process in tests/test_sync_merge.py; this is the daemon-level
 proof: real processes, sockets, sealed logs, crash recovery and the background sync thread.
@@ -35,6 +45,7 @@ from typing import Any
 
 import pytest
 
+from memoriesd.server import protocol
 from memoriesd.sync.segments import HEADER_FILE, NAME_RE, Codec, Unreadable, read_target_header
 from memoriesd.vault.keys import VaultKeys
 from memoriesd.vault.keywrap import unwrap_key
@@ -44,12 +55,18 @@ from memoriesd.vault.versions import FORGOT_PREFIX
 from .conftest import Daemon, DaemonError, short_tmpdir, write_config
 
 PASS = "correct horse battery staple"
-#: Fixed seeds; MEMORIES_SYNC_SEEDS=FIRST-LAST runs others (a longer hunt, e.g. ``1-40``).
-SEEDS = (
-    tuple(range(int(_r.split("-")[0]), int(_r.split("-")[-1]) + 1))
-    if (_r := os.environ.get("MEMORIES_SYNC_SEEDS"))
-    else (11, 22, 33)
-)
+
+
+def _seeds() -> tuple[int, ...]:
+    """Fixed seeds; ``MEMORIES_SYNC_SEEDS=FIRST-LAST`` runs others (a longer hunt, e.g. ``1-50``)."""
+    chosen = os.environ.get("MEMORIES_SYNC_SEEDS")
+    if not chosen:
+        return (11, 22, 33)
+    first, _, last = chosen.partition("-")
+    return tuple(range(int(first), int(last or first) + 1))
+
+
+SEEDS = _seeds()
 STEPS = 40
 #: Longest wait for one condition (a restart, a quiet target, an index catching up).
 DEADLINE = 30.0
@@ -108,9 +125,8 @@ class Truth:
     writes: list[Write] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)  # fact key -> a record id it was acknowledged with
     forgotten: dict[str, int] = field(default_factory=dict)  # record id -> step of its (first) forget
-    target_at_forget: set[tuple[str, str]] = field(
-        default_factory=set
-    )  # (name, sha256) on the target at a forget
+    # (name, sha256) of every file on the target when a forget was made
+    target_at_forget: set[tuple[str, str]] = field(default_factory=set)
 
     def ids(self) -> list[str]:
         return list(dict.fromkeys(w.rid for w in self.writes))
@@ -147,11 +163,16 @@ def _text(rng: random.Random) -> str:
 
 
 def _target_files(target: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in target.iterdir()
-        if p.is_file() and NAME_RE.match(p.name)
-    }
+    """The target's sync files by name, each with the SHA-256 of its bytes (a file a running cycle
+    removes meanwhile is left out)."""
+    out = {}
+    for p in target.iterdir():
+        if NAME_RE.match(p.name):
+            try:
+                out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+    return out
 
 
 def _wait(probe: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
@@ -217,7 +238,7 @@ class Run:
         got = self.devices[who].call("memory.add", {"title": f"note {step}", "body": body})
         self.truth.writes.append(Write(step, who, got["id"], body))
 
-    def _pick(self, pick: int, kinds: tuple[str, ...] = ()) -> str | None:
+    def _pick(self, pick: int) -> str | None:
         ids = [rid for rid in self.truth.ids() if rid not in self.truth.forgotten]
         return ids[pick % len(ids)] if ids else None
 
@@ -299,8 +320,6 @@ class Run:
         def now() -> None:
             try:
                 with d.daemon.connect_for("sync.now", {"vault": d.vid}) as s:
-                    from memoriesd.server import protocol
-
                     s.sendall(protocol.encode({"id": 1, "method": "sync.now", "params": {"vault": d.vid}}))
                     sent.set()
                     outcome.append(protocol.recv_frame(s))
@@ -313,7 +332,8 @@ class Run:
         t.start()
         assert sent.wait(DEADLINE)
         before = _target_files(self.target)
-        # Cut as soon as the target changes (mid-push), or at once when the cycle has nothing to push.
+        # Cut as soon as the target changes (mid-push), or after half a second (nothing to push, or
+        # the cycle is still reading: a cut then is as good).
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline and not outcome and _target_files(self.target) == before:
             time.sleep(0.002)
@@ -528,14 +548,22 @@ class Run:
         got = a.call("sync.compact", {"force": True})
         assert got["epoch"] > before
         self.quiesce()
-        now = set(_target_files(self.target).items())
-        stale = {n for n, h in now & self.truth.target_at_forget if n != HEADER_FILE}
-        assert not stale, f"{len(stale)} file(s) of the target are still those of before a forget"
         forgotten = {t for rid in self.truth.forgotten for t in self.truth.texts_of(rid)}
-        plain = _open_target(self.target)
-        assert plain, "nothing on the target opened"
+        docs = _open_target(self.target)
+        assert docs, "nothing on the target opened"
+        plain = json.dumps(docs, ensure_ascii=False)
         for text in forgotten:
             assert text not in plain, "a forgotten text is still on the target"
+        now = set(_target_files(self.target).items())
+        stale = {n for n, _h in now & self.truth.target_at_forget}
+        what = [
+            (d.get("device"), d.get("epoch"), d.get("seq"), "base" if d.get("base") else "")
+            for n, d in docs.items()
+            if n in stale
+        ]
+        assert not stale, (
+            f"{len(stale)} file(s) of the target are those of before a forget: (device, epoch, seq) {what}"
+        )
 
     def stop(self) -> None:
         for d in self.devices:
@@ -576,23 +604,23 @@ class Run:
                 store.close()
 
 
-def _open_target(target: Path) -> str:
-    """Every sync file of the target opened with the vault's key (unwrapped here from the passphrase),
-    as one JSON text."""
+def _open_target(target: Path) -> dict[str, dict[str, Any]]:
+    """Every sync file of the target opened with the vault's key (unwrapped here from the
+    passphrase): its plaintext document by file name."""
     th = read_target_header((target / HEADER_FILE).read_bytes())
     key = unwrap_key(th.header, PASS.encode())
     codec = Codec(VaultKeys(key), th.header.vault_id)
-    docs = []
+    docs = {}
     try:
         for p in sorted(target.iterdir()):
             if p.is_file() and NAME_RE.match(p.name):
                 try:
-                    docs.append(codec.open(p.name, p.read_bytes()).doc)
+                    docs[p.name] = dict(codec.open(p.name, p.read_bytes()).doc)
                 except Unreadable:
                     continue
     finally:
         codec.wipe()
-    return json.dumps(docs, ensure_ascii=False)
+    return docs
 
 
 @pytest.fixture
