@@ -199,6 +199,7 @@ class Run:
             write_config(h, "[sync]\ndebounce_seconds = 0.2\n")
         self.devices = [Device(homes[0], "A"), Device(homes[1], "B")]
         self.kills = 0
+        self.origin = ""
         self.suspects: set[str] = set()  # records the devices disagree on (dumped when the test fails)
         self.trace: list[str] = []  # what each step did (printed when the test fails)
         self.kills_in_sync = 0
@@ -212,6 +213,9 @@ class Run:
         for _ in range(notes):
             self._add(-1, 0)
         a.call("sync.add", {"target": str(self.target)})
+        # The notes above have no stamp on A: their versions carry A's first device id everywhere
+        # (a derived stamp), also once A syncs under another id after a fork.
+        self.origin = str(a.status()["device"])
         a.call("sync.now")
         joined = b.daemon.call("vault.join", {"target": str(self.target), "passphrase": PASS})
         b.vid = str(joined["vault_id"])
@@ -410,7 +414,6 @@ class Run:
     def holding(self, who: int) -> dict[str, Any]:
         """Each record the schedule wrote or the device lists: its current state and every revision."""
         d = self.devices[who]
-        me = d.status()["device"]
         listed = {r["id"]: r for r in d.call("memory.list")["records"]}
         out: dict[str, Any] = {}
         for rid in dict.fromkeys([*self.truth.ids(), *listed]):
@@ -433,7 +436,13 @@ class Run:
                 # own line of edits stays its revisions): compared are the versions and which of
                 # them are unresolved heads, not that placement.
                 revs.add(
-                    (row.get("device") or me, row["title"], body, row["deleted"], bool(row.get("unresolved")))
+                    (
+                        row.get("device") or self.origin,
+                        row["title"],
+                        body,
+                        row["deleted"],
+                        bool(row.get("unresolved")),
+                    )
                 )
             try:
                 rec = d.call("memory.read", {"id": rid})
