@@ -119,6 +119,7 @@ class TargetSync:
 
     def _pull(self) -> CycleResult:
         out = CycleResult()
+        self._finish_forgets()
         ts = self.ts
         listing = self.transport.list()
         names = {e.name: e.size for e in listing}
@@ -390,6 +391,16 @@ class TargetSync:
             mine.update(versions(revs, self.store.conflicts.get(rid, ()), self.device))
         forgot = set(self.store.setting_items(FORGOT_PREFIX).values())
         return all(s in mine or s in forgot for s in stamps)
+
+    def _finish_forgets(self) -> None:
+        """Purge again the records marked forgotten whose revisions the log still holds: a purge cut
+        between its commit (deletion and mark) and its log compaction. No one retries a forget
+        received by sync, and a received forget whose mark is set is not applied again."""
+        left = {k[len(FORGOT_PREFIX) :]: v for k, v in self.store.setting_items(FORGOT_PREFIX).items()}
+        left = {rid: stamp for rid, stamp in left.items() if self.store.revisions(rid)}
+        if left:
+            log.info("sync %s: finishing %d forget(s) a stop interrupted", self.tid, len(left))
+            self._purge(list(left), left)
 
     def _merge(self, ready: list[dict[str, Any]], out: CycleResult) -> None:
         forgets: dict[str, str] = {}

@@ -39,7 +39,7 @@ from .format import (
 )
 from .keywrap import why
 from .records import Record
-from .versions import FORGOT_PREFIX, Stamper, dropped_heads, heads, spliced, versions
+from .versions import FORGOT_PREFIX, Stamper, dropped_heads, heads, resolved_kept, spliced, versions
 
 log = logging.getLogger("memoriesd.vault")
 
@@ -381,18 +381,18 @@ class LogWriter:
                 live = [revs[-1]]
             elif revs[-1].deleted:
                 continue
-            else:
-                live = [r for r in revs if not r.deleted][-keep_revisions:]
+            else:  # a synced record's deletion that another device's edit named (it brought the record back) is a version every device holds: kept
+                live = [r for r in revs if not r.deleted or r.version][-keep_revisions:]
             extra = list(self.conflicts.get(rid, ()))
             if revs[-1].version and keep_revisions is not None:
                 stamper = self.stamper
                 origin = stamper.origin if stamper is not None else ""
                 own = {stamper.device, origin} if stamper is not None else set()
                 published = stamper.published_upto if stamper is not None else ""
-                extra += dropped_heads(revs, live, extra, origin)
+                extra = resolved_kept(revs, live, extra, origin) + dropped_heads(revs, live, extra, origin)
                 live, extra = spliced(revs, self.conflicts.get(rid, ()), live, extra, origin, own, published)
             new_records[rid] = live
-            entries.extend(_alone(r) if r.deleted and len(live) == 1 else r.to_entry() for r in live)
+            entries.extend(_alone(r) if r.deleted and i == 0 else r.to_entry() for i, r in enumerate(live))
             if extra:  # conflict revisions follow their record's revisions
                 new_conflicts[rid] = extra
                 entries.extend(r.to_entry() for r in extra)

@@ -100,6 +100,21 @@ def dropped_heads(revs: Sequence[Record], kept: Sequence[Record], conflicts: Seq
     return [replace(known[s].record, conflict=True) for s in heads(known) if s not in have and known[s].record.version]
 
 
+def resolved_kept(revs: Sequence[Record], kept: Sequence[Record], conflicts: Sequence[Record], device: str) -> list[Record]:
+    """The conflict revisions a compaction that keeps only ``kept`` of ``revs`` keeps: the heads, and
+    those a kept version names. A conflict revision a later version resolved, named only by revisions
+    the compaction drops, would become a head again (a conflict this device alone shows): it goes too."""
+    tops = set(heads(versions(revs, conflicts, device)))
+    keep = {c.version for c in conflicts if c.version in tops}
+    named = {p for r in kept for p in r.parents}
+    while True:
+        named |= {p for c in conflicts if c.version in keep for p in c.parents}
+        more = {c.version for c in conflicts if c.version in named} - keep
+        if not more:
+            return [c for c in conflicts if c.version in keep]
+        keep |= more
+
+
 def spliced(
     revs: Sequence[Record], conflicts: Iterable[Record], live: list[Record], extra: list[Record], origin: str,
     own: set[str], published: str,
@@ -131,4 +146,4 @@ def spliced(
     return fix(live), fix(extra)
 
 
-__all__ = ["FORGOT_PREFIX", "Stamper", "dropped_heads", "spliced", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]
+__all__ = ["FORGOT_PREFIX", "Stamper", "dropped_heads", "resolved_kept", "spliced", "Version", "current_stamp", "derived_stamp", "heads", "stamp_device", "versions"]
