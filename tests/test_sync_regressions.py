@@ -128,18 +128,14 @@ class CutBefore:
         self.inner.ensure()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 30): a compaction cut between its first base segment and its epoch marker leaves the device in an epoch no marker announces",
-)
 def test_a_power_cut_inside_a_target_compaction_does_not_stop_the_device_applying_other_devices(
     tmp_path: Path,
 ) -> None:
-    """A compaction saves the sync state (its new epoch) with its first base segment, before the
-    epoch marker is written. Cut there, the device restarts in an epoch no marker announces: it takes
-    every segment other devices keep writing in the current epoch for an old one and ignores it (B's
-    change never arrives), and the other devices see its base segment, which starts a chain, as a
-    fork of its history."""
+    """A compaction cut between its base segments and its epoch marker: the device's state stays in
+    the old epoch (it moves only with the marker), the next pull removes the base segments no marker
+    announces, and the other devices hold them aside (a later epoch) instead of calling them a fork.
+    Before, the state moved with the first base segment: the device then ignored every segment the
+    others wrote (B's change never arrived) and they reported its base as a fork."""
     target = tmp_path / "target"
     target.mkdir()
     a = Device(tmp_path, "a", target, None)

@@ -15,6 +15,7 @@ again whatever of its own the cut does not cover.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import socket
@@ -97,6 +98,7 @@ class TargetSync:
         self._unreadable: dict[str, float] = {}  # name -> first time it did not open (this process)
         self._inbox: dict[str, dict[int, tuple[str, Opened]]] = {}  # device -> seq -> (name, opened), not yet applied
         self._markers: dict[str, Opened] = {}
+        self._ahead: dict[str, Opened] = {}  # segments of an epoch no marker announced (yet)
         self.activity = "idle"  # what the cycle is doing now, for `sync status` (no content)
         clock.mark_published(target_id, state.targets[target_id].upto)
 
@@ -154,7 +156,10 @@ class TargetSync:
             self._take(name, opened)
         if not self._count_unreadable():
             ts.problems.pop("unreadable", None)
+        for gone in set(self._ahead) - set(names):
+            self._ahead.pop(gone)
         self._switch_epoch(out)
+        self._drop_orphans()
         self._note_own_gone(names)
         self._apply_inbox(out)
         self.clock.mark_published(self.tid, ts.upto)
@@ -264,6 +269,9 @@ class TargetSync:
         epoch, seq = int(d["epoch"]), int(d["seq"])
         if epoch < ts.epoch:
             ts.files[name] = [SEGMENT, device, epoch, seq, opened.digest]
+            return
+        if epoch > ts.epoch:  # a compaction's base (or what follows it): waits for its epoch's marker
+            self._ahead[name] = opened
             return
         self._inbox.setdefault(device, {})[seq] = (name, opened)
 
@@ -487,7 +495,7 @@ class TargetSync:
         out.sort(key=lambda x: x[0])
         return [v for _, v in out]
 
-    def _write_segment(self, chunk: list[dict[str, Any]], out: CycleResult, *, base: bool = False) -> str:
+    def _write_segment(self, chunk: list[dict[str, Any]], out: CycleResult, *, base: bool = False, save: bool = True) -> str:
         ts = self.ts
         seq = ts.seq + 1
         doc = {"device": self.device, "epoch": ts.epoch, "seq": seq, "prev": ts.hash, "time": time.time(), "versions": chunk}
@@ -509,7 +517,8 @@ class TargetSync:
         ts.pushed += len(chunk)
         out.pushed += len(chunk)
         out.segments += 1
-        self._save()  # a crash after this write and before the save is adopted by the next pull
+        if save:
+            self._save()  # a crash after this write and before the save is adopted by the next pull
         return name
 
     def _tip_stale(self) -> bool:
@@ -591,7 +600,16 @@ class TargetSync:
 
     def _new_epoch(self) -> list[str]:
         """Base segments of the next epoch with every record's heads, its marker and this device's
-        tip; the names written."""
+        tip; the names written. Until the marker is written the state stays where it was, in memory
+        and on disk (a failure or a power cut leaves only base segments, which the next pull removes)."""
+        before = copy.deepcopy(self.ts)
+        try:
+            return self._write_epoch()
+        except BaseException:
+            self.state.targets[self.tid] = before
+            raise
+
+    def _write_epoch(self) -> list[str]:
         ts = self.ts
         cut = {d: p.seq for d, p in ts.peers.items() if d != self.device}
         cut[self.device] = ts.seq
@@ -606,11 +624,13 @@ class TargetSync:
         for v in heads_now:
             n = len(json.dumps(v, ensure_ascii=False))
             if chunk and size + n > SEGMENT_PLAIN_BYTES:
-                base.append(self._write_segment(chunk, out, base=True))
+                base.append(self._write_segment(chunk, out, base=True, save=False))
                 chunk, size = [], 0
             chunk.append(v)
             size += n
-        base.append(self._write_segment(chunk, out, base=True))
+        # The state moves to the new epoch only with its marker (saved below): a power cut before
+        # leaves base segments no marker announces, which the next pull removes (_drop_orphans).
+        base.append(self._write_segment(chunk, out, base=True, save=False))
         ts.upto = max([ts.upto, *[v["v"] for v in heads_now if stamp_device(v["v"]) == self.device]])
         self.clock.mark_published(self.tid, ts.upto)
         marker_name = self.codec.epoch_name(ts.epoch, self.device)
@@ -634,17 +654,14 @@ class TargetSync:
             if not NAME_RE.match(name) or name in keep:
                 continue
             if not everything:
-                known = ts.files.get(name)
-                if known is not None:
-                    old = known[2] < ts.epoch
-                else:
-                    data = self.transport.read(name)
-                    try:
-                        opened = self.codec.open(name, data or b"")
-                    except Unreadable:
-                        continue
-                    old = opened.kind != TIP and int(opened.doc.get("epoch", 0)) < ts.epoch
-                if not old:
+                # Read, not taken from ts.files: a record there may predate a fork or a stop, and
+                # what this removes must be exactly the older epochs' files.
+                data = self.transport.read(name)
+                try:
+                    opened = self.codec.open(name, data or b"")
+                except Unreadable:
+                    continue
+                if opened.kind == TIP or int(opened.doc.get("epoch", 0)) >= ts.epoch:
                     continue
             self.transport.delete(name)
             ts.files.pop(name, None)
@@ -668,6 +685,17 @@ class TargetSync:
         for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
             out.append({"t": "del", "id": key[len(FORGOT_PREFIX) :], "v": stamp, "p": [], "f": 1, "updated": 0.0})
         return out
+
+    def _drop_orphans(self) -> None:
+        """This device's segments of a later epoch that no marker of its own announces: the base of a
+        compaction a power cut interrupted before its marker. The state never moved to that epoch;
+        the files are removed (other devices ignore them: no marker)."""
+        announced = {int(o.doc["epoch"]) for o in self._markers.values() if str(o.doc.get("device")) == self.device}
+        for name, opened in list(self._ahead.items()):
+            if str(opened.doc.get("device")) == self.device and int(opened.doc["epoch"]) not in announced:
+                self.transport.delete(name)
+                self._ahead.pop(name)
+                log.warning("sync %s: removed a compaction's segment that a stop left without its marker", self.tid)
 
     def _switch_epoch(self, out: CycleResult) -> None:
         """A newer epoch marker: apply its base, publish again what of this device it does not cover."""
@@ -703,16 +731,29 @@ class TargetSync:
             peer.hash = ""
             peer.seq = max(peer.seq, cut.get(dev, 0))
         self._inbox = {dev: {s: x for s, x in w.items() if int(x[1].doc["epoch"]) >= top} for dev, w in self._inbox.items()}
-        for _name, opened in base:
-            self._inbox.get(by, {}).pop(int(opened.doc["seq"]), None)
+        base_names = {name for name, _ in base}
         if batch:
             self._merge(batch, out)
-        peer = ts.peers.setdefault(by, Peer())
-        for name, opened in base:
-            seq = int(opened.doc["seq"])
-            ts.files[name] = [SEGMENT, by, top, seq, opened.digest]
-            if seq >= peer.seq:
-                peer.seq, peer.hash = seq, opened.digest
+        if by == self.device:
+            # This device's own compaction, whose state a power cut lost after the marker was
+            # written: its chain continues after the base.
+            for name, opened in base:
+                seq = int(opened.doc["seq"])
+                ts.files[name] = [SEGMENT, by, top, seq, opened.digest]
+                if seq >= ts.seq:
+                    ts.seq, ts.hash = seq, opened.digest
+            ts.own = [[ts.seq, ts.upto]]
+        else:
+            peer = ts.peers.setdefault(by, Peer())
+            for name, opened in base:
+                seq = int(opened.doc["seq"])
+                ts.files[name] = [SEGMENT, by, top, seq, opened.digest]
+                if seq >= peer.seq:
+                    peer.seq, peer.hash = seq, opened.digest
+        ahead, self._ahead = self._ahead, {}
+        for name, opened in ahead.items():
+            if name not in base_names:
+                self._take(name, opened)  # what followed the base waits in the inbox now (or still ahead)
         ts.problems.pop("fork", None)
         log.info("sync %s: moved to epoch %d written by device %s", self.tid, top, by)
 
