@@ -7,28 +7,22 @@ is ignored, and a chain that forks (the same number with other bytes, or this de
 ahead of this device) is refused and reported. What is refused is counted in ``problems`` for
 ``sync status``; nothing of it is ever applied, and nothing local is ever removed because of it.
 
-Epochs: a compaction (:meth:`TargetSync.compact`) writes every record's heads as *base* segments of
-a new epoch, then an epoch marker naming them and what of each device they cover (``cut``), then
-removes the old epoch's files. A device that meets a newer marker applies the base and publishes
-again whatever of its own the cut does not cover.
+Epochs (compaction, key changes) are :mod:`.epochs`; this device's chain, merging and the base
+of an epoch are :mod:`.chain`. :class:`TargetSync` joins the three.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MemoriesError
 from ..memory.forget import FORGOT_PREFIX
-from ..vault.live import LiveVault
 from ..vault.versions import stamp_device, versions
-from .merge import BadVersion, check_wire, plan, to_wire
+from .chain import CycleResult, DeviceForked, Purge, TargetRefused
+from .epochs import Epochs
+from .merge import BadVersion, check_wire
 from .segments import (
     EPOCH,
     HEADER_FILE,
@@ -37,22 +31,17 @@ from .segments import (
     SEGMENT,
     SEGMENT_PLAIN_BYTES,
     TIP,
-    Codec,
     Opened,
     Unreadable,
     digest,
     read_target_header,
-    target_header_bytes,
     whole_size,
 )
-from .stamps import Clock, new_device_id
-from .state import Peer, SyncState, TargetState
-from .transport import Transport
+from .stamps import new_device_id
+from .state import Peer
 
 log = logging.getLogger("memoriesd.sync")
 
-#: Entries committed per log write while a pull applies many versions (a join).
-COMMIT_BATCH = 2000
 #: A file that still does not open after this long is reported (before: it may still be arriving).
 UNREADABLE_GRACE_SECONDS = 60.0
 #: This device's last segment is read again on each pull when it is at most this large.
@@ -61,56 +50,8 @@ OWN_REREAD_BYTES = 256 << 10
 CONFLICT_MARKERS = (".sync-conflict-", " (conflicted copy", "conflict")
 
 
-@dataclass
-class CycleResult:
-    """What one pull or push did (for status, notices and tests)."""
-
-    received: int = 0
-    applied: int = 0
-    duplicates: int = 0  # versions received that this device already had
-    conflicts: set[str] = field(default_factory=set)
-    changed: set[str] = field(default_factory=set)
-    forgotten: list[str] = field(default_factory=list)
-    pushed: int = 0
-    segments: int = 0
-    header_adopted: bool = False
-
-
-Purge = Callable[[list[str], dict[str, str]], None]
-
-
-class TargetSync:
-    """Pull, push and compaction for one (vault, target). Not thread-safe: one cycle at a time."""
-
-    def __init__(
-        self, vault: LiveVault, state: SyncState, target_id: str, transport: Transport, codec: Codec, clock: Clock,
-        save: Callable[[], None], purge: Purge,
-    ) -> None:
-        self.vault = vault
-        self.store = vault.store
-        self.state = state
-        self.tid = target_id
-        self.transport = transport
-        self.codec = codec
-        self.clock = clock
-        self._save = save
-        self._purge = purge
-        self._unreadable: dict[str, float] = {}  # name -> first time it did not open (this process)
-        self._inbox: dict[str, dict[int, tuple[str, Opened]]] = {}  # device -> seq -> (name, opened), not yet applied
-        self._markers: dict[str, Opened] = {}
-        self._ahead: dict[str, Opened] = {}  # segments of an epoch no marker announced (yet)
-        self.activity = "idle"  # what the cycle is doing now, for `sync status` (no content)
-        clock.mark_published(target_id, state.targets[target_id].upto)
-
-    @property
-    def ts(self) -> TargetState:
-        return self.state.targets[self.tid]
-
-    @property
-    def device(self) -> str:
-        return self.state.device
-
-    # ------------------------------------------------------------------ pull
+class TargetSync(Epochs):
+    """Pull and push for one (vault, target), on top of its chain and epochs. Not thread-safe: one cycle at a time."""
 
     def pull(self) -> CycleResult:
         self.activity = "reading the target"
@@ -194,11 +135,6 @@ class TargetSync:
 
     def _count_unreadable(self) -> int:
         return sum(1 for t in self._unreadable.values() if time.time() - t > UNREADABLE_GRACE_SECONDS)
-
-    def _problem(self, kind: str, text: str) -> None:
-        if self.ts.problems.get(kind) != text:
-            log.warning("sync %s: %s", self.tid, text)
-        self.ts.problems[kind] = text
 
     def _read_header(self) -> bool:
         """Follow a passphrase change made on another device (its header, authentic under this key,
@@ -410,34 +346,6 @@ class TargetSync:
             log.info("sync %s: finishing %d forget(s) a stop interrupted", self.tid, len(left))
             self._purge(list(left), left)
 
-    def _merge(self, ready: list[dict[str, Any]], out: CycleResult) -> None:
-        forgets: dict[str, str] = {}
-        puts: list[dict[str, Any]] = []
-        for v in ready:
-            self.clock.observe(v["v"])
-            if v.get("f"):
-                forgets.setdefault(v["id"], v["v"])
-            else:
-                puts.append(v)
-        forgotten = {k[len(FORGOT_PREFIX) :] for k in self.store.setting_items(FORGOT_PREFIX)} | set(forgets)
-        for start in range(0, len(puts), COMMIT_BATCH):
-            self.activity = f"applying {min(start + COMMIT_BATCH, len(puts)):,} of {len(puts):,} versions"
-            self.vault.check()
-            with self.store.exclusive():
-                p = plan(self.store, self.clock.origin, puts[start : start + COMMIT_BATCH], forgotten)
-                self.store.commit(p.records)
-            out.applied += p.applied
-            out.duplicates += p.duplicates
-            out.conflicts |= p.conflicts
-            out.changed |= p.changed
-        out.received += len(ready)
-        self.ts.received += len(ready)
-        new = {rid: s for rid, s in forgets.items() if FORGOT_PREFIX + rid not in self.store.settings}
-        if new:
-            self._purge(list(new), new)
-            out.forgotten.extend(new)
-
-    # ------------------------------------------------------------------ push
 
     def push(self) -> CycleResult:
         try:
@@ -472,314 +380,5 @@ class TargetSync:
         self._save()
         return out
 
-    def _unpublished(self) -> list[dict[str, Any]]:
-        """This device's versions above the published stamp, oldest first, and its forgets."""
-        ts, me = self.ts, self.device
 
-        def mine(stamp: str) -> bool:
-            if stamp_device(stamp) == me:
-                return stamp > ts.upto
-            lo_hi = ts.former.get(stamp_device(stamp))  # written under an id this device had before a fork
-            return lo_hi is not None and lo_hi[0] < stamp <= lo_hi[1]
-
-        out: list[tuple[str, dict[str, Any]]] = []
-        for rid, revs in self.store.histories().items():
-            conflicts = self.store.conflicts.get(rid, ())
-            for stamp, ver in versions(revs, conflicts, self.clock.origin).items():
-                if mine(stamp):
-                    out.append((stamp, to_wire(ver.record, stamp, ver.parents)))
-        for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
-            if isinstance(stamp, str) and mine(stamp):
-                rid = key[len(FORGOT_PREFIX) :]
-                out.append((stamp, {"t": "del", "id": rid, "v": stamp, "p": [], "f": 1, "updated": time.time()}))
-        out.sort(key=lambda x: x[0])
-        return [v for _, v in out]
-
-    def _write_segment(self, chunk: list[dict[str, Any]], out: CycleResult, *, base: bool = False, save: bool = True) -> str:
-        ts = self.ts
-        seq = ts.seq + 1
-        doc = {"device": self.device, "epoch": ts.epoch, "seq": seq, "prev": ts.hash, "time": time.time(), "versions": chunk}
-        if base:
-            doc["base"] = True
-        data = self.codec.seal(SEGMENT, doc)
-        name = self.codec.segment_name(self.device, ts.epoch, seq)
-        self.vault.check()
-        self.transport.write(name, data)
-        mine = [v["v"] for v in chunk if stamp_device(v["v"]) == self.device]
-        ts.seq, ts.hash = seq, digest(data)
-        if mine:
-            ts.upto = max(ts.upto, *mine)
-        ts.own.append([seq, ts.upto])
-        self.clock.mark_published(self.tid, ts.upto)
-        if any(v.get("f") for v in chunk):
-            ts.forget_seq = seq
-        ts.files[name] = [SEGMENT, self.device, ts.epoch, seq, ts.hash]
-        ts.pushed += len(chunk)
-        out.pushed += len(chunk)
-        out.segments += 1
-        if save:
-            self._save()  # a crash after this write and before the save is adopted by the next pull
-        return name
-
-    def _tip_stale(self) -> bool:
-        ts = self.ts
-        acks = {d: p.seq for d, p in ts.peers.items() if d != self.device}
-        return self._last_tip != (ts.epoch, ts.seq, acks) or time.time() - self._tip_time > 3600
-
-    _last_tip: tuple[int, int, dict[str, int]] | None = None
-    _tip_time = 0.0
-
-    def _write_tip(self) -> None:
-        ts = self.ts
-        acks = {d: p.seq for d, p in ts.peers.items() if d != self.device}
-        label = self.state.label or socket.gethostname()[:64]
-        doc = {"device": self.device, "epoch": ts.epoch, "seq": ts.seq, "hash": ts.hash, "acks": acks, "time": time.time(), "label": label}
-        self.transport.write(self.codec.tip_name(self.device), self.codec.seal(TIP, doc))
-        self._last_tip, self._tip_time = (ts.epoch, ts.seq, acks), time.time()
-
-    def _write_header_if_needed(self) -> None:
-        self._write_header(force=False)
-
-    def _write_header(self, *, force: bool) -> None:
-        """The target's header: written when missing, when this device's passphrase changed (its
-        wrap differs), and after a key change here (``force``)."""
-        shared = self.store.shared_header()
-        if not force:
-            data = self.transport.read(HEADER_FILE)
-            if data is not None and self.ts.header_wrap in ("", shared.wrap):
-                # The passphrase did not change here: never overwrite the target's header (another
-                # device's newer passphrase there is followed by pull, not undone).
-                self.ts.header_wrap = shared.wrap
-                return
-            if data is not None:
-                try:
-                    th = read_target_header(data)
-                except ValueError:
-                    raise TargetRefused("the target's memories-sync.json is damaged: restore it, or remove the target and add it again") from None
-                if th.header.vault_id != self.store.vault_id:
-                    raise TargetRefused("the target holds another vault: choose an empty folder or path for this vault")
-                if th.header.kdf == shared.kdf and th.header.wrap == shared.wrap:
-                    return
-        wrapped = time.time()
-        meta = json.dumps({"name": self.store.name, "wrapped": wrapped})
-        self.transport.write(HEADER_FILE, target_header_bytes(shared, self.codec.seal_name(meta)))
-        self.ts.wrap_time = wrapped
-        self.ts.header_wrap = shared.wrap
-
-    # ------------------------------------------------------------------ epochs
-
-    def forget_acked(self, device_days: float) -> bool:
-        """Whether every device seen in the last ``device_days`` days has applied this device's last forget."""
-        ts = self.ts
-        if ts.forget_seq == 0:
-            return False
-        horizon = time.time() - device_days * 86400
-        return all(p.acks.get(self.device, 0) >= ts.forget_seq for d, p in ts.peers.items() if d != self.device and p.seen >= horizon)
-
-    def compact(self) -> dict[str, Any]:
-        """Rewrite the target as a new epoch: base segments with every record's heads, a marker,
-        then the old epoch's files removed (what was forgotten is in none of them)."""
-        self.pull()
-        base = self._new_epoch()
-        removed = self._remove_old(set(base), everything=False)
-        log.info("sync %s: compacted into epoch %d (%d base segment(s), %d file(s) removed)", self.tid, self.ts.epoch, len(base), removed)
-        return {"epoch": self.ts.epoch, "base_segments": len(base), "files_removed": removed}
-
-    def rekey_target(self) -> dict[str, Any]:
-        """After a key change here: the target written again under the new key (a new epoch, the
-        header that wraps it), and every file under the old key removed. Other devices take the
-        new key with ``memories sync adopt-key`` and the new passphrase."""
-        ts = self.ts
-        base = self._new_epoch()
-        self._write_header(force=True)
-        removed = self._remove_old(set(base), everything=True)
-        ts.rekey = False
-        self._save()
-        log.info("sync %s: written again under the vault's new key (epoch %d, %d old file(s) removed)", self.tid, ts.epoch, removed)
-        return {"epoch": ts.epoch, "base_segments": len(base), "files_removed": removed}
-
-    def _new_epoch(self) -> list[str]:
-        """Base segments of the next epoch with every record's heads, its marker and this device's
-        tip; the names written. Until the marker is written the state stays where it was, in memory
-        and on disk (a failure or a power cut leaves only base segments, which the next pull removes)."""
-        before = copy.deepcopy(self.ts)
-        try:
-            return self._write_epoch()
-        except BaseException:
-            self.state.targets[self.tid] = before
-            raise
-
-    def _write_epoch(self) -> list[str]:
-        ts = self.ts
-        cut = {d: p.seq for d, p in ts.peers.items() if d != self.device}
-        cut[self.device] = ts.seq
-        ts.epoch += 1
-        ts.hash = ""
-        ts.own = []
-        out = CycleResult()
-        base: list[str] = []
-        chunk: list[dict[str, Any]] = []
-        size = 0
-        heads_now = self._heads()
-        for v in heads_now:
-            n = len(json.dumps(v, ensure_ascii=False))
-            if chunk and size + n > SEGMENT_PLAIN_BYTES:
-                base.append(self._write_segment(chunk, out, base=True, save=False))
-                chunk, size = [], 0
-            chunk.append(v)
-            size += n
-        # The state moves to the new epoch only with its marker (saved below): a power cut before
-        # leaves base segments no marker announces, which the next pull removes (_drop_orphans).
-        base.append(self._write_segment(chunk, out, base=True, save=False))
-        ts.upto = max([ts.upto, *[v["v"] for v in heads_now if stamp_device(v["v"]) == self.device]])
-        self.clock.mark_published(self.tid, ts.upto)
-        marker_name = self.codec.epoch_name(ts.epoch, self.device)
-        marker = {"device": self.device, "epoch": ts.epoch, "base": base, "cut": cut, "time": time.time()}
-        self.transport.write(marker_name, self.codec.seal(EPOCH, marker))
-        self._write_tip()
-        for peer in ts.peers.values():
-            peer.hash = ""
-        ts.forget_seq = 0
-        ts.problems.pop("fork", None)
-        self._save()
-        return [*base, marker_name, self.codec.tip_name(self.device)]
-
-    def _remove_old(self, keep: set[str], *, everything: bool) -> int:
-        """Remove the files of older epochs (segments and markers; ``everything``: every sync file
-        but ``keep``, tips and files that do not open included: a key change)."""
-        ts = self.ts
-        removed = 0
-        for entry in self.transport.list():
-            name = entry.name
-            if not NAME_RE.match(name) or name in keep:
-                continue
-            if not everything:
-                # Read, not taken from ts.files: a record there may predate a fork or a stop, and
-                # what this removes must be exactly the older epochs' files.
-                data = self.transport.read(name)
-                try:
-                    opened = self.codec.open(name, data or b"")
-                except Unreadable:
-                    continue
-                if opened.kind == TIP or int(opened.doc.get("epoch", 0)) >= ts.epoch:
-                    continue
-            self.transport.delete(name)
-            ts.files.pop(name, None)
-            self._markers.pop(name, None)
-            removed += 1
-        self._save()
-        return removed
-
-    def _heads(self) -> list[dict[str, Any]]:
-        """Every record's heads for a new epoch's base, each naming *all* its ancestors this device
-        knows as parents: a device that holds an older version (made or received before the epoch)
-        then sees it superseded, though the versions between are not in the base."""
-        from ..vault.versions import heads
-
-        out: list[dict[str, Any]] = []
-        for rid, revs in self.store.histories().items():
-            known = versions(revs, self.store.conflicts.get(rid, ()), self.clock.origin)
-            for stamp in heads(known):
-                ver = known[stamp]
-                out.append(to_wire(ver.record, stamp, sorted(_ancestors(known, stamp))))
-        for key, stamp in self.store.setting_items(FORGOT_PREFIX).items():
-            out.append({"t": "del", "id": key[len(FORGOT_PREFIX) :], "v": stamp, "p": [], "f": 1, "updated": 0.0})
-        return out
-
-    def _drop_orphans(self) -> None:
-        """This device's segments of a later epoch that no marker of its own announces: the base of a
-        compaction a power cut interrupted before its marker. The state never moved to that epoch;
-        the files are removed (other devices ignore them: no marker)."""
-        announced = {int(o.doc["epoch"]) for o in self._markers.values() if str(o.doc.get("device")) == self.device}
-        for name, opened in list(self._ahead.items()):
-            if str(opened.doc.get("device")) == self.device and int(opened.doc["epoch"]) not in announced:
-                self.transport.delete(name)
-                self._ahead.pop(name)
-                log.warning("sync %s: removed a compaction's segment that a stop left without its marker", self.tid)
-
-    def _switch_epoch(self, out: CycleResult) -> None:
-        """A newer epoch marker: apply its base, publish again what of this device it does not cover."""
-        ts = self.ts
-        newer = [o for o in self._markers.values() if int(o.doc["epoch"]) > ts.epoch]
-        if not newer:
-            return
-        top = max(int(o.doc["epoch"]) for o in newer)
-        marker = min((o for o in newer if int(o.doc["epoch"]) == top), key=lambda o: str(o.doc["device"]))
-        d = marker.doc
-        by = str(d["device"])
-        base: list[tuple[str, Opened]] = []
-        batch: list[dict[str, Any]] = []
-        for name in [str(n) for n in d.get("base", [])]:
-            data = self.transport.read(name)
-            if data is None:
-                return  # the base is still arriving: switch on a later pull
-            try:
-                opened = self.codec.open(name, data)
-                batch.extend(check_wire(v) for v in opened.doc.get("versions", []))
-            except (Unreadable, BadVersion):
-                return
-            base.append((name, opened))
-        cut = {str(k): int(v) for k, v in d.get("cut", {}).items()}
-        mine = cut.get(self.device, 0)
-        if ts.seq > mine:  # what this device published after the cut is published again
-            covered = [u for s, u in ts.own if s <= mine]
-            ts.upto = covered[-1] if covered else ""
-            self.clock.mark_published(self.tid, ts.upto)
-        ts.epoch, ts.hash, ts.own = top, "", []
-        ts.files = {n: f for n, f in ts.files.items() if f[2] >= top}
-        for dev, peer in ts.peers.items():
-            peer.hash = ""
-            peer.seq = max(peer.seq, cut.get(dev, 0))
-        self._inbox = {dev: {s: x for s, x in w.items() if int(x[1].doc["epoch"]) >= top} for dev, w in self._inbox.items()}
-        base_names = {name for name, _ in base}
-        if batch:
-            self._merge(batch, out)
-        if by == self.device:
-            # This device's own compaction, whose state a power cut lost after the marker was
-            # written: its chain continues after the base.
-            for name, opened in base:
-                seq = int(opened.doc["seq"])
-                ts.files[name] = [SEGMENT, by, top, seq, opened.digest]
-                if seq >= ts.seq:
-                    ts.seq, ts.hash = seq, opened.digest
-            ts.own = [[ts.seq, ts.upto]]
-        else:
-            peer = ts.peers.setdefault(by, Peer())
-            for name, opened in base:
-                seq = int(opened.doc["seq"])
-                ts.files[name] = [SEGMENT, by, top, seq, opened.digest]
-                if seq >= peer.seq:
-                    peer.seq, peer.hash = seq, opened.digest
-        ahead, self._ahead = self._ahead, {}
-        for name, opened in ahead.items():
-            if name not in base_names:
-                self._take(name, opened)  # what followed the base waits in the inbox now (or still ahead)
-        ts.problems.pop("fork", None)
-        log.info("sync %s: moved to epoch %d written by device %s", self.tid, top, by)
-
-
-def _ancestors(known: dict[str, Any], stamp: str) -> set[str]:
-    """Every stamp ``stamp`` descends from, as far as ``known`` (stamp -> Version) tells."""
-    out: set[str] = set()
-    todo = list(known[stamp].parents)
-    while todo:
-        p = todo.pop()
-        if p not in out:
-            out.add(p)
-            if p in known:
-                todo.extend(known[p].parents)
-    return out
-
-
-class TargetRefused(MemoriesError):
-    """The target holds something this device must not build on (another vault, a key changed elsewhere)."""
-
-    code = "sync_refused"
-    exit_code = 1
-
-
-class DeviceForked(Exception):
-    """This device's chain forked on a target: it took a new device id (the caller restarts the cycle)."""
-
-
-__all__ = ["CycleResult", "DeviceForked", "TargetRefused", "TargetSync"]
+__all__ = ["CycleResult", "DeviceForked", "Purge", "TargetRefused", "TargetSync"]
