@@ -8,8 +8,9 @@ import shutil
 
 from .conftest import create_vault, running_daemon, short_tmpdir
 
-# Only `sync.now` exchanges anything here: edits made meanwhile are concurrent for sure.
-QUIET = "[sync]\ndebounce_seconds = 600\npoll_seconds = 86400\n"
+# Only `sync.now` exchanges anything here (no debounced push, no poll, the folder not watched): edits
+# made meanwhile are concurrent for sure, whatever the machine's load.
+QUIET = "[sync]\ndebounce_seconds = 600\npoll_seconds = 86400\nwatch = false\n"
 
 
 def test_edits_made_apart_are_both_kept_and_the_next_edit_resolves_them() -> None:

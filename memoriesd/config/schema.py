@@ -170,6 +170,7 @@ class SyncConfig:
     debounce_seconds: float = 1.0  # a change is pushed once nothing changed for this long (at most 10x after the first)
     poll_seconds: float = 60.0  # how often a target is read when nothing says it changed (a watched folder: 5x this)
     device_days: float = 30.0  # a forget leaves the target once every device seen in these last days applied it
+    watch: bool = True  # a folder target is watched (inotify); false: read only every poll_seconds (network mounts)
 
 
 @dataclass(frozen=True)

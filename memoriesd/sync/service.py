@@ -79,7 +79,7 @@ class VaultSync:
 
     def _watch(self, tid: str, transport: Transport) -> None:
         """A folder target: pull when a file in it changes (inotify), not on a timer."""
-        if transport.scheme != "folder" or not os.path.isdir(transport.describe()):
+        if transport.scheme != "folder" or not self.app.config.sync.watch or not os.path.isdir(transport.describe()):
             return
         from ..watch.watcher import FolderWatcher  # watchdog: only for vaults that sync to a folder
 
