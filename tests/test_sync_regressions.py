@@ -29,6 +29,11 @@ def _stamp(hlc: int, device: str) -> str:
     return f"{hlc:016x}-{device}"
 
 
+def _tomb(rid: str, rev: int, created: float, stamp: str, parent: str) -> Record:
+    """A synced deletion of ``rid`` made from ``parent``."""
+    return Record(rid, rev, "memory", "", "", False, (), created=created, updated=now(), deleted=True, version=stamp, parents=(parent,))
+
+
 def _put(rid: str, rev: int, body: str, stamp: str, parents: list[str], *, conflict: bool = False) -> Record:
     t = now()
     return Record(
@@ -67,24 +72,7 @@ def test_compaction_of_a_deleted_record_does_not_turn_a_resolved_conflict_revisi
         store.commit([_put(rid, 1, "B's edit, kept as a conflict", s2, [s1], conflict=True)])
         store.commit([_put(rid, 2, "B's next edit, made from it", s3, [s2])])
         tomb = store.revisions(rid)[-1]
-        store.commit(
-            [
-                Record(
-                    rid,
-                    3,
-                    "memory",
-                    "",
-                    "",
-                    False,
-                    (),
-                    created=tomb.created,
-                    updated=now(),
-                    deleted=True,
-                    version=s4,
-                    parents=(s3,),
-                )
-            ]
-        )
+        store.commit([_tomb(rid, 3, tomb.created, s4, s3)])
         assert _heads(store, rid) == [s4]  # one head: the deletion, made after every other version
 
         store.compact(KEEP_ALL)
@@ -222,24 +210,7 @@ def test_compaction_keeps_a_deletion_in_the_history_of_a_record_another_device_b
     try:
         store.commit([_put(rid, 1, "first", s1, [])])
         first = store.revisions(rid)[-1]
-        store.commit(
-            [
-                Record(
-                    rid,
-                    2,
-                    "memory",
-                    "",
-                    "",
-                    False,
-                    (),
-                    created=first.created,
-                    updated=now(),
-                    deleted=True,
-                    version=s2,
-                    parents=(s1,),
-                )
-            ]
-        )
+        store.commit([_tomb(rid, 2, first.created, s2, s1)])
         store.commit([_put(rid, 3, "B's edit after the deletion", s3, [s2])])
         before = set(versions(store.revisions(rid), store.conflicts.get(rid, ()), A))
 
