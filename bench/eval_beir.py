@@ -74,6 +74,8 @@ class Conn:
 
     def _route(self, ask: dict[str, Any]) -> str:
         key = json.dumps(ask, sort_keys=True)
+        if ask.get("new"):
+            self.routes.pop(key, None)  # a new vault's process: a fresh one each time, never the last one's
         if key not in self.routes:
             route = self._exchange(self.path, "vault.route", ask)
             if isinstance(route, dict) and isinstance(route.get("error"), dict):
