@@ -159,6 +159,18 @@ def notes_vault(conn: Conn, home: Path, path: Path, data: dict[str, Any]) -> tup
     return vid, spans
 
 
+def embed_all(conn: Conn, vid: str) -> tuple[float, int]:
+    """``rag.index`` until no fragment (nor turn window) lacks a vector: seconds and vectors made.
+    Vectors sealed by an earlier daemon on the same home are loaded, not made again (0 made)."""
+    t0 = time.perf_counter()
+    embedded = 0
+    while True:
+        out = conn.call("rag.index", {"vault": vid})
+        embedded += int(out.get("embedded", 0))
+        if not out["remaining"] or not out.get("embedded", 1):  # done, or a pass that made nothing (stuck)
+            return time.perf_counter() - t0, embedded
+
+
 def pack_turns(spans: Spans, items: list[dict[str, Any]]) -> set[str]:
     got: set[str] = set()
     for it in items:
@@ -168,12 +180,33 @@ def pack_turns(spans: Spans, items: list[dict[str, Any]]) -> set[str]:
 
 _DUMP = open(os.environ["EVAL_DUMP"], "a") if os.environ.get("EVAL_DUMP") else None  # noqa: SIM115
 
+#: The 0/1 figures of one question, in the order of the issue's table.
+METRICS = ("recall_any@5", "recall_any@10", "recall_all@10", "pack_any", "pack_all")
 
-def score(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: str, budget: int) -> dict[str, Any]:
-    per: dict[str, dict[str, list[float]]] = {}
-    lat: list[float] = []
+
+@dataclass(frozen=True)
+class QuestionRow:
+    """One question's outcome in one vault, mode and daemon configuration: what the averages and the
+    paired comparisons (``bench.conversation_report``) are made of. ``index`` is the question's
+    position in the file's ``qa`` list, so two runs of the same file pair up by ``(file, index)``."""
+
+    file: str
+    index: int
+    category: str
+    evidence: int  # evidence turns found in the vault
+    scores: dict[str, float]  # METRICS -> 1.0 (held) or 0.0
+    pack_tokens: int
+    search_ms: float
+
+
+def score_rows(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: str, budget: int,
+               file: str = "") -> tuple[list[QuestionRow], int]:
+    """Every question of categories 1-4 whose evidence is in the vault, through ``rag.search``
+    (limit 10, grouped by document: the CLI's request) and ``rag.context`` (``budget`` tokens);
+    returns the rows and how many evidence ids named no turn of the vault."""
+    rows: list[QuestionRow] = []
     unknown = 0
-    for q in qa:
+    for index, q in enumerate(qa):
         cat = CATEGORIES.get(int(q.get("category", 0)))
         if cat is None:
             continue
@@ -184,37 +217,49 @@ def score(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: st
             continue
         t0 = time.perf_counter()
         hits = conn.call("rag.search", {"vault": vid, "query": q["question"], "mode": mode, "limit": 10})["results"]
-        lat.append((time.perf_counter() - t0) * 1000)
+        search_ms = (time.perf_counter() - t0) * 1000
         top: list[set[str]] = [spans.covered(h["record_id"], h["start"], h["end"]) for h in hits]
         at5 = set().union(*top[:5]) if top else set()
         at10 = set().union(*top[:10]) if top else set()
         pack = conn.call("rag.context", {"vault": vid, "query": q["question"], "budget": budget, "mode": mode})
         in_pack = pack_turns(spans, pack["items"])
-        row = {
+        scores = {
             "recall_any@5": float(bool(evidence & at5)),
             "recall_any@10": float(bool(evidence & at10)),
             "recall_all@10": float(evidence <= at10),
             "pack_any": float(bool(evidence & in_pack)),
             "pack_all": float(evidence <= in_pack),
-            "pack_tokens": float(pack["used_tokens"]),
         }
+        rows.append(QuestionRow(file, index, cat, len(evidence), scores, int(pack["used_tokens"]), search_ms))
         if _DUMP is not None:
+            row = {**scores, "pack_tokens": float(pack["used_tokens"])}
             _DUMP.write(json.dumps({"q": q["question"], "cat": cat, "evidence": sorted(evidence), "row": row,
                                     "top10": [sorted(t) for t in top],
                                     "pack": [{"rid": i["record_id"][:8], "s": i.get("start"), "e": i.get("end"),
                                               "tok": i["tokens"], "score": i["score"],
                                               "turns": sorted(spans.covered(i["record_id"], i.get("start"), i.get("end")))}
                                              for i in pack["items"]]}) + "\n")
-        for key in (cat, "all"):
-            bucket = per.setdefault(key, {})
-            for k, v in row.items():
-                bucket.setdefault(k, []).append(v)
-    out: dict[str, Any] = {}
+    return rows, unknown
+
+
+def summarize(rows: list[QuestionRow]) -> dict[str, dict[str, float]]:
+    """Mean of each figure overall (``all``) and per category, with the question count."""
+    per: dict[str, list[QuestionRow]] = {}
+    for r in rows:
+        per.setdefault(r.category, []).append(r)
+        per.setdefault("all", []).append(r)
+    out: dict[str, dict[str, float]] = {}
     for key, bucket in per.items():
-        out[key] = {k: round(statistics.fmean(v), 4) for k, v in bucket.items()}
-        out[key]["questions"] = len(bucket["recall_any@5"])
-    lat.sort()
-    return {"by_category": out, "search_p50_ms": round(lat[len(lat) // 2], 2) if lat else None,
+        out[key] = {k: round(statistics.fmean(r.scores[k] for r in bucket), 4) for k in METRICS}
+        out[key]["pack_tokens"] = round(statistics.fmean(r.pack_tokens for r in bucket), 4)
+        out[key]["questions"] = len(bucket)
+    return out
+
+
+def score(conn: Conn, vid: str, spans: Spans, qa: list[dict[str, Any]], mode: str, budget: int) -> dict[str, Any]:
+    rows, unknown = score_rows(conn, vid, spans, qa, mode, budget)
+    lat = sorted(r.search_ms for r in rows)
+    return {"by_category": summarize(rows), "search_p50_ms": round(lat[len(lat) // 2], 2) if lat else None,
             "unknown_evidence_ids": unknown}
 
 
@@ -254,11 +299,9 @@ def main() -> None:
             for name, v, _ in paths:
                 conn.call("rag.search", {"vault": v, "query": "warm up", "mode": "bm25", "limit": 1})
                 if args.model_dir:
-                    t0 = time.perf_counter()
-                    while conn.call("rag.index", {"vault": v})["remaining"]:
-                        pass
+                    seconds, _embedded = embed_all(conn, v)
                     if name == "capture":
-                        stats["embed_seconds"] = round(time.perf_counter() - t0, 2)
+                        stats["embed_seconds"] = round(seconds, 2)
             print(json.dumps({"set": path.stem, "capture": stats}), flush=True)
             for name, v, sp in paths:
                 for mode in modes:
