@@ -19,9 +19,10 @@ import pytest
 from bench.conversation_report import paired, sign_test
 from bench.eval_conversations import QuestionRow
 
-from .conftest import REPO, short_tmpdir
+from .conftest import REPO, SHARED, needs_shared, short_tmpdir
 
 SCRIPT = REPO / "scripts" / "eval_conversations.py"
+MINILM = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
 
 
 def _session(n: int, lines: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -171,6 +172,27 @@ def test_the_script_prints_the_recall_table_and_a_sign_test_for_a_variant(dev_di
     assert sorted(i for _f, i in first) == [0, 1, 2, 3]
     assert first[("tiny", 1)]["category"] == "multi-hop" and first[("tiny", 1)]["evidence"] == 2
     assert float(default[1]) == fig["some evidence turn @5"]  # the same vault answers the same
+
+
+@pytest.mark.skipif(not MINILM.is_dir(), reason=needs_shared("models/all-MiniLM-L6-v2-onnx"))
+def test_a_variant_that_leaves_fragmenting_alone_embeds_nothing_again(dev_dir: Path) -> None:
+    """Each variant's daemon loads the vectors the reference's daemon sealed on the same home: a
+    search setting makes no vector, so its embedding cost is not counted twice nor its run slowed."""
+    out = _script(
+        str(dev_dir / "conv"),
+        "--model-dir",
+        str(MINILM),
+        "--mode",
+        "hybrid",
+        "--variant",
+        "cand=[search]\\ncandidates = 50",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    fig = json.loads(out.stdout)["figures"]["tiny"]
+    assert fig["hybrid, default"]["vectors made"] >= 10  # a vector per fragment (and per turn window)
+    assert fig["hybrid, cand"]["vectors made"] == 0
+    assert fig["hybrid, cand"]["questions"] == SCORED
 
 
 def test_a_variant_that_is_not_valid_config_stops_before_anything_runs(dev_dir: Path) -> None:
