@@ -199,22 +199,35 @@ def run(
 
 
 HELP = """\
-Run it from a clone's root with the project's venv (bench/ is loaded from the clone, it is not installed):
+Run it from a clone's root with the project's venv; ../shared must sit beside the clone. bench/ is the
+clone's folder of measurements, not an installed package: run by path, the script loads it from the
+folder beside it (no sys.path edit); `python -m scripts.eval_conversations` imports it as usual.
 
     .venv/bin/python scripts/eval_conversations.py ../shared/eval/locomo-dev --model-dir MODEL
     .venv/bin/python scripts/eval_conversations.py ../shared/eval/locomo-dev --mode bm25 \\
-        --variant nowin='[index]\\nconversation_windows = false'
+        --variant nowin='[index]\\nconversation_windows = false' --variant c50='[search]\\ncandidates = 50'
     .venv/bin/python -m scripts.eval_conversations ...      (the same, as a module)
 
-Columns (a question of LoCoMo categories 1-4 whose evidence turns are in the vault; a turn is returned
+Each file goes into its own vault with `memories memory capture FILE --format locomo --no-extract`,
+once, under the first configuration; each configuration then gets its own daemon on the same home
+(the vectors sealed by an earlier daemon are loaded, not made again). The base config is the default
+one except: no auto-lock, no time limit on `rag index`, no embedding inside a search or in the
+background (`rag index` embeds, timed), caps that hold the whole set. A variant's TOML lines are
+merged over it (later keys win; old [rag] keys are moved to their new tables, as the daemon does).
+
+Columns (questions of LoCoMo categories 1-4 whose evidence turns are in the vault; a turn is returned
 when a result covers at least half of its bytes): some evidence turn @5 / @10 = one of its evidence
-turns is among the first 5 / 10 results of `rag search` (limit 10, one result per document, the CLI's
-request); every evidence turn @10 = all of them are; pack some / every = one / all of them are in the
-`rag context` pack of --budget tokens; multi-hop = the same over category 1 only. questions
-(multi-hop) = how many were scored; rag search p50 = the daemon round trip of the search; embedding
-s/turn = seconds `rag index` took per captured turn (0 when the vectors were sealed by an earlier
-daemon on the same --home). With variants, each later one is compared with the first (`default`
-unless --no-default) question by question: wins / losses and an exact two-sided sign test.
+turns is in the first 5 / 10 results of `rag search` with limit 10 as the CLI sends it (grouped by
+document); every evidence turn @10 = all of them are; pack some / every = one / all of them are in
+the `rag context` pack of --budget tokens; multi-hop = the same over category 1 only; questions
+(multi-hop) = how many were scored; rag search p50 = median round trip of that search over the
+socket; capture / embedding s/turn = seconds of the capture command (once: "(same)" for the others)
+and of `rag index` (the model already loaded) per captured turn; near 0 when the vectors were
+already sealed. Each table is per file, then over all files (every question counts once).
+
+With variants, each later one is compared with the first (`default` unless --no-default) question by
+question, per metric: wins (the variant holds it, the reference not) / losses, ties dropped, and the
+exact two-sided binomial sign-test p. An idea is worth keeping when it wins on each file apart.
 
 The two LoCoMo files in ../shared/eval/locomo-dev were used for tuning: figures on them flatter the
 defaults. The public benchmark's other eight conversations are the fair judge.
