@@ -139,6 +139,19 @@ def test_speaker_keeps_only_the_fragments_holding_a_turn_by_that_speaker(env: En
         assert got["results"] and all("Bob" in _speakers_in(turns[r["record_id"]], r["start"], r["end"]) for r in got["results"])
 
 
+def test_each_exchange_of_a_session_is_a_result_of_its_own_while_a_note_stays_one(env: Env) -> None:
+    # "lighthouse" is in every turn of conversation A (several fragments) and in the note: grouped by
+    # document, A's fragments would be one result; a conversation's exchanges are results of their own.
+    grouped = env.cli("rag", "search", env.v, "lighthouse", "--mode", "bm25", "--limit", "20")
+    assert grouped["grouping"] == "document"
+    fragments = [r for r in grouped["results"] if r["record_id"] == env.a]
+    n_a = len([r for r in _search(env, "lighthouse", "--mode", "bm25", "--limit", "100") if r["record_id"] == env.a])
+    assert n_a >= 2 and len(fragments) == n_a
+    assert len({(r["start"], r["end"]) for r in fragments}) == n_a
+    assert all(r["matches"] == 1 and r["more"] == 0 for r in fragments)
+    assert [r["record_id"] for r in grouped["results"]].count(env.note) == 1
+
+
 def test_memory_search_takes_speaker_per_fragment_too(env: Env) -> None:
     found = env.cli("memory", "search", env.v, "quokkaalpha")["results"]
     assert [r["id"] for r in found] == [env.a]

@@ -55,6 +55,12 @@ class RecordKind(Protocol):
         """The most windows :meth:`windows` gives a fragment (at most :data:`MAX_WINDOWS`)."""
         ...
 
+    @property
+    def one_result(self) -> bool:
+        """Whether `rag search` shows one result per record (its best fragment, "+N more"), or each
+        fragment as a result of its own (:mod:`memoriesd.rag.documents`)."""
+        ...
+
     def body_start(self, rec: Record) -> int:
         """Character offset where the record's indexed text starts (fragment offsets still count
         from the body's first byte)."""
@@ -107,6 +113,7 @@ class PlainKind:
     categories: tuple[str, ...] = ()
     has_speakers: bool = False
     max_windows: int = 0
+    one_result: bool = True
 
     def body_start(self, rec: Record) -> int:
         """Character offset where the indexed text starts (0: the whole body)."""

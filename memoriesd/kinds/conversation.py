@@ -35,6 +35,9 @@ class ConversationKind(PlainKind):
     name: str = KIND
     has_speakers: bool = True
     max_windows: int = MAX_TURNS - WINDOW_TURNS + 1  # a fragment holds at most MAX_TURNS (12) turns
+    # A session's fragments are its exchanges, each a result of its own: one hit per session hid the
+    # exchange that answers behind another of the same session (docs/memory.md, "Conversations").
+    one_result: bool = False
 
     def fragments(self, rec: Record, fp_key: bytes) -> list[Fragment]:
         return split_conversation(rec, fp_key)
