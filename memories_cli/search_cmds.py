@@ -306,6 +306,11 @@ def context(
     until: Until = None,
     speaker: Speaker = None,
     mode: Mode = None,
+    rewrite: Annotated[bool | None, typer.Option(
+        "--rewrite/--no-rewrite",
+        help="Have the [generation] service rewrite the query into a few search queries first, or not "
+        "(default [context] rewrite = \"off\"; \"auto\" rewrites whenever the vault's policy allows).",
+    )] = None,
     format_: FormatOpt = None,
 ) -> None:
     """Build a context pack for an assistant, within a token budget.
@@ -314,7 +319,9 @@ def context(
     search by default), each labelled [S1], [S2]... and always whole; a conversation excerpt shows its date and speakers. The filters (--kind, --category, --tag, --since,
     --until, --speaker) apply to every item, profile facts included. Text output is the pack itself,
     ready to paste into a prompt (its size on stderr); --json gives the items with their token counts and
-    byte ranges (start, end); jsonl, csv, md and files list the items."""
+    byte ranges (start, end); jsonl, csv, md and files list the items. With rewriting (--rewrite, or
+    [context] rewrite = "auto") only the query goes to the generation service, and the pack holds the
+    best of the searches for the query and its rewrites (--json: queries); a failed rewrite only adds a notice."""
     fmt = chosen(format_)
     params: dict[str, Any] = {"vault": vault, "query": query}
     params.update(filters(kind, category, tag, since, until, speaker))
@@ -322,6 +329,8 @@ def context(
         params["budget"] = budget
     if mode:
         params["mode"] = mode
+    if rewrite is not None:
+        params["rewrite"] = rewrite
     out = call("rag.context", params)
 
     def text() -> None:
@@ -332,10 +341,11 @@ def context(
         sys.stdout.write(safe_text(out["text"], multiline=True))
         counted = "tokens" if out.get("tokenizer") == "model" else "tokens (estimated)"
         left = f"; {out['left_out']} more left out" if out.get("left_out") else ""
-        notice(f"{len(out['items'])} items, {out['used_tokens']:,} of {out['budget']:,} {counted}{left}")
+        searched = f"; {len(out['queries'])} queries searched" if len(out.get("queries") or ()) > 1 else ""
+        notice(f"{len(out['items'])} items, {out['used_tokens']:,} of {out['budget']:,} {counted}{left}{searched}")
 
     emit(fmt, Listing(
-        document={k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "items", "left_out", "text", "notices") if k in out},
+        document={k: out[k] for k in ("budget", "used_tokens", "tokenizer", "mode", "queries", "items", "left_out", "text", "notices") if k in out},
         items=out["items"],
         columns=CONTEXT_COLUMNS,
         text=text,

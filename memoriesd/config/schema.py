@@ -138,6 +138,10 @@ class SearchConfig:
 @dataclass(frozen=True)
 class ContextConfig:
     budget: int = 1000  # `rag context`: the pack's token budget when --budget is not given
+    # "auto": with a [generation] service the vault's policy allows, the question is first rewritten into
+    # a few search queries (memoriesd.memory.rewrite); "off" (the default): the question alone is searched.
+    rewrite: str = "off"
+    rewrite_timeout_seconds: float = 15.0  # the rewrite's whole wait; then the question alone is searched
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "search.min_cosine": (-1, 1),
     "search.on_demand_embed_limit": (0, 100000),
     "context.budget": (32, 1_000_000),
+    "context.rewrite_timeout_seconds": (0.5, 600),
     "watch.debounce_seconds": (0.05, 60),
     "sync.rclone_timeout_seconds": (1, 86400),
     "sync.debounce_seconds": (0.05, 600),
@@ -258,6 +263,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "embedding.source": ("", "local", "remote", "auto"),
     "embedding.service.protocol": ("", "gemini", "compatible"),
     "generation.protocol": ("", "gemini", "compatible"),
+    "context.rewrite": ("off", "auto"),
     "rerank.protocol": ("", "compatible"),
 }
 

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from ..rag.host import Host, Work
     from ..rag.search import SearchOutcome
     from ..text.fragments import Fragment
+    from .rewrite import RewriteRequest
 
 CONVERSATION = "conversation"
 PROFILE_HEADING = "## About the user"
@@ -266,15 +267,18 @@ def _counter(engine: RagEngine | None) -> TokenCounter:
 
 
 def build_pack(
-    app: Host, vault: LiveVault, query: str, budget: int, ctx: Work, flt: RecordFilter | None = None, mode: str | None = None
+    app: Host, vault: LiveVault, query: str, budget: int, ctx: Work, flt: RecordFilter | None = None, mode: str | None = None,
+    rewrite: RewriteRequest | None = None,
 ) -> dict[str, Any]:
     """The ``rag.context`` answer: budget, used tokens, the items and the plain text.
 
     ``flt``: a :class:`~memoriesd.rag.filters.RecordFilter` every item must pass (None: all);
-    ``mode``: the search's (bm25, vector, hybrid; None: hybrid when a model is usable, else bm25)."""
+    ``mode``: the search's (bm25, vector, hybrid; None: hybrid when a model is usable, else bm25);
+    ``rewrite``: the request's word on query rewriting (:mod:`.rewrite`; None: ``[context] rewrite``)."""
     store = vault.store
-    from ..rag.search import SearchRequest, run_search
+    from ..rag.search import SearchRequest
     from .recalls import note_recalls
+    from .rewrite import search_pack
 
     if not query.strip():
         raise UsageError("give the query the context is for")
@@ -286,7 +290,7 @@ def build_pack(
         PackItem(f.id, f.revision, KIND, category_of(f), "", _flat(f.body), None, None, "profile") for f in profile_facts
     ]
     req = SearchRequest(query=query, mode=mode, limit=CONTEXT_ITEMS, evidence_floor=True, filters=flt, windows=True)
-    out = run_search(engine, vault, req, ctx)
+    out, queries = search_pack(app, vault, req, ctx, rewrite)  # [context] rewrite: the question's queries fused (.rewrite)
     found = _found(out, store, {f.id for f in profile_facts})
     relevant = _relevant(query, out, found)
     count = _counter(engine)
@@ -311,6 +315,7 @@ def build_pack(
         "left_out": left_out,
         "text": "\n".join(lines) + ("\n" if lines else ""),
         "notices": list(out.notices),
+        **({"queries": queries} if queries is not None else {}),
     }
 
 

@@ -276,8 +276,12 @@ class Generator:
         self._ep = ServiceEndpoint(svc, env, section=section, purpose="generation")
         self.url = svc.url
 
-    def generate(self, system: str, user: str, before_attempt: Callable[[], None] | None = None) -> str:
-        """The model's reply text for a system instruction and a user message."""
+    def generate(
+        self, system: str, user: str, before_attempt: Callable[[], None] | None = None, *, timeout: float | None = None
+    ) -> str:
+        """The model's reply text for a system instruction and a user message.
+
+        ``timeout``: each attempt's read timeout (None: ``[http] timeout_seconds``)."""
         if self._svc.protocol == "gemini":
             payload: dict[str, Any] = {
                 "contents": [{"role": "user", "parts": [{"text": user}]}],
@@ -290,7 +294,8 @@ class Generator:
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             }
         body = self._client.post_json(
-            self._svc.url, payload, headers=self._ep.headers(), purpose="generation", before_attempt=before_attempt
+            self._svc.url, payload, headers=self._ep.headers(), purpose="generation", before_attempt=before_attempt,
+            timeout=timeout,
         )
         text = self._gemini_text(body) if self._svc.protocol == "gemini" else self._compatible_text(body)
         if not text.strip():

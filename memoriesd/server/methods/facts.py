@@ -16,6 +16,7 @@ from ...memory.facts import RememberRequest, current_facts, fact_view, remember
 from ...memory.forget import QUERY_KINDS, SCOPES, Target, purge, select_all, select_ids, select_query
 from ...memory.packs import build_pack
 from ...memory.recalls import recalls_of
+from ...memory.rewrite import RewriteRequest
 from ...rag.search import MODES
 from ...vault.live import VaultLock
 from ...vault.records import KINDS
@@ -141,6 +142,7 @@ def memory_forget(app: App, ctx: Context) -> dict[str, Any]:
 
 def rag_context(app: App, ctx: Context) -> dict[str, Any]:
     """A token-budgeted context pack for a query: profile first, then the most relevant memories."""
+    from ..grants import verify
     from .search import search_filter
 
     vault = app.lease(ctx)
@@ -150,7 +152,10 @@ def rag_context(app: App, ctx: Context) -> dict[str, Any]:
     if p.flag("cards_only", False):  # a cards-only grant: the pack holds cards only
         flt = flt.only_cards()
     mode = p.choice("mode", MODES, None)
-    return build_pack(app, vault, p.text("query", max_len=10_000), budget, ctx, flt, mode)
+    # Rewriting sends the query to the generation service: a grant needs the ask scope for it (memory.rewrite).
+    may_ask = ctx.grant is None or "ask" in verify(app, ctx.grant)[1].get("scopes", ())
+    rewrite = RewriteRequest(p.flag("rewrite", None), allowed=may_ask)
+    return build_pack(app, vault, p.text("query", max_len=10_000), budget, ctx, flt, mode, rewrite)
 
 
 
