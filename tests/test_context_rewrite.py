@@ -255,3 +255,34 @@ def test_a_grant_needs_the_ask_scope_for_its_query_to_be_rewritten(auto: Daemon,
     server.add(CHAT, rewritten(*QUERIES))
     out = grant_pack(["context", "ask"])
     assert out["queries"] == [QUESTION, *QUERIES] and {enrolment, workshop} <= ids(out)
+
+
+def _wait(what: str, cond: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_lock_while_the_rewrite_is_pending_cancels_the_pack(gdaemon: Daemon, server: Mirror) -> None:
+    vid, _, _ = seed(gdaemon)
+    held = threading.Event()  # the reply comes only after the lock
+    server.add(
+        CHAT,
+        Scripted.json(
+            200, {"choices": [{"message": {"content": json.dumps({"queries": QUERIES})}}]}, hold=held
+        ),
+    )
+    result: dict[str, Any] = {}
+    params = {"vault": vid, "query": QUESTION, "budget": BUDGET, "rewrite": True}
+    t = threading.Thread(target=lambda: result.update(msg=gdaemon.request("rag.context", params)))
+    t.start()
+    try:
+        _wait("the rewrite request", lambda: server.seen(CHAT))
+        gdaemon.call("vault.lock", {"vault": vid})  # does not wait for the held reply
+        t.join(60)
+        assert not t.is_alive(), "the pack waited for the held reply"
+    finally:
+        held.set()
+        t.join(60)
+    assert result["msg"]["error"]["code"] in ("cancelled", "vault_locked"), result  # never a pack of a locked vault
