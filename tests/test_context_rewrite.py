@@ -285,4 +285,34 @@ def test_a_lock_while_the_rewrite_is_pending_cancels_the_pack(gdaemon: Daemon, s
     finally:
         held.set()
         t.join(60)
-    assert result["msg"]["error"]["code"] in ("cancelled", "vault_locked"), result  # never a pack of a locked vault
+    assert result["msg"]["error"]["code"] in ("cancelled", "vault_locked"), (
+        result
+    )  # never a pack of a locked vault
+
+
+FILLER = [
+    "Ana: The tomatoes finally turned red this week, after a month of waiting in the greenhouse.",
+    "Mel: Mine are still green; the basil is taking over the whole balcony planter again.",
+    "Ana: Try pinching the basil tops, it grows bushier and leaves room for the peppers.",
+    "Mel: Good tip. The neighbour's cat keeps digging in the planter too, which is annoying.",
+    "Ana: A few citrus peels on the soil usually keep cats away from the pots for a while.",
+]
+
+
+def test_a_conversation_found_by_a_rewritten_query_comes_as_the_turns_that_match_it(
+    gdaemon: Daemon, server: Mirror
+) -> None:
+    vid = create_vault(gdaemon)
+    for i, body in enumerate(DISTRACTORS):
+        gdaemon.call("memory.add", {"vault": vid, "title": f"Hearing {i}", "body": body})
+    turns = [*FILLER, "Mel: " + WORKSHOP, *FILLER]
+    gdaemon.call(
+        "memory.capture", {"vault": vid, "text": "\n".join(turns), "extract": False, "title": "Garden chat"}
+    )
+    plain = pack(gdaemon, vid)
+    assert WORKSHOP not in plain["text"]
+    server.add(CHAT, rewritten(QUERIES[1]))
+    out = pack(gdaemon, vid, rewrite=True)
+    (conv,) = [i for i in out["items"] if i["kind"] == "conversation"]
+    # The whole fragment does not fit: the excerpt is the turns around the one the query matched.
+    assert WORKSHOP in conv["text"] and len(conv["conversation"]["turns"]) < len(turns), conv

@@ -292,7 +292,7 @@ def build_pack(
     req = SearchRequest(query=query, mode=mode, limit=CONTEXT_ITEMS, evidence_floor=True, filters=flt, windows=True)
     out, queries = search_pack(app, vault, req, ctx, rewrite)  # [context] rewrite: the question's queries fused (.rewrite)
     found = _found(out, store, {f.id for f in profile_facts})
-    relevant = _relevant(query, out, found)
+    relevant = _relevant(" ".join(queries or [query]), out, found)  # excerpts match the queries that found them
     count = _counter(engine)
     for it in profile + relevant:
         form: PackItem | None = it
