@@ -316,3 +316,33 @@ def test_a_conversation_found_by_a_rewritten_query_comes_as_the_turns_that_match
     (conv,) = [i for i in out["items"] if i["kind"] == "conversation"]
     # The whole fragment does not fit: the excerpt is the turns around the one the query matched.
     assert WORKSHOP in conv["text"] and len(conv["conversation"]["turns"]) < len(turns), conv
+
+
+def test_gemini_protocol_rewrites_with_a_json_reply(server: Mirror) -> None:
+    path = "/v1beta/models/gemini-2.5-flash:generateContent"
+    home = short_tmpdir() / "h"
+    write_config(
+        home,
+        f'[generation]\nprotocol = "gemini"\nurl = "{server.url}{path}"\napi_key_env = "MEM_TEST_KEY"\n'
+        '[http]\nretries = 0\n[context]\nrewrite = "auto"\n',
+    )
+    d = Daemon(home, env={"MEM_TEST_KEY": KEY}).start()
+    try:
+        vid, enrolment, workshop = seed(d)
+        text = "```json\n" + json.dumps({"queries": QUERIES}) + "\n```"
+        server.add(
+            path,
+            Scripted.json(200, {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}}]}),
+        )
+        out = pack(d, vid)
+        assert out["queries"] == [QUESTION, *QUERIES] and {enrolment, workshop} <= ids(out)
+        (seen,) = server.seen(path)
+        body = json.loads(seen.body)
+        assert (
+            seen.headers["x-goog-api-key"] == KEY
+            and body["generationConfig"]["responseMimeType"] == "application/json"
+        )
+        assert body["contents"][0]["parts"][0]["text"] == f"<question>{QUESTION}</question>"
+    finally:
+        d.stop()
+        shutil.rmtree(home.parent, ignore_errors=True)
