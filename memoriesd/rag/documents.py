@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..index.docs import IndexedDoc
+from ..kinds.registry import kind_of
 from .fusion import Candidate
 
 #: How much the fragment candidates grow at a time while the ranked fragments hold fewer documents
@@ -50,6 +52,12 @@ class DocumentHit:
     def more(self) -> int:
         """How many more fragments of the document were ranked (the "+N more")."""
         return len(self.others)
+
+
+def document_key(doc: IndexedDoc, frag_id: int) -> str:
+    """What a fragment's hit groups under: its record, or itself for a kind whose fragments are
+    results of their own (a conversation's exchanges: :attr:`RecordKind.one_result`)."""
+    return doc.record_id if kind_of(doc.kind).one_result else f"{doc.record_id}#{frag_id}"
 
 
 def group_by_document(hits: Sequence[Candidate], record_of: Callable[[int], str | None]) -> list[DocumentHit]:
@@ -95,4 +103,4 @@ def group_fields(group: DocumentHit | None, span_of: Callable[[int], Span | None
     return {"matches": 1 + group.more, "more": group.more, "more_fragments": [s.to_dict() for s in spans]}
 
 
-__all__ = ["WIDEN", "DocumentHit", "Span", "group_by_document", "group_fields"]
+__all__ = ["WIDEN", "DocumentHit", "Span", "document_key", "group_by_document", "group_fields"]

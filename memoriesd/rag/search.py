@@ -37,11 +37,10 @@ from ..index.bm25 import MAX_CANDIDATES
 from ..index.caches import VaultIndex
 from ..index.docs import IndexedDoc
 from ..kinds.card import KIND as CARD
-from ..kinds.registry import kind_of
 from ..text.fragments import Fragment
 from ..vault.live import LiveVault
 from ..vault.store import VaultStore
-from .documents import WIDEN, DocumentHit, group_by_document
+from .documents import WIDEN, DocumentHit, document_key, group_by_document
 from .engine import RagEngine
 from .filters import Allowed, RecordFilter, overlaps
 from .fusion import Candidate, fuse, light_rerank, order_by_scores
@@ -301,10 +300,7 @@ def _documents_step(s: _Search) -> None:
 
     def record_of(fid: int) -> str | None:
         got = out.frags.get(fid)
-        if got is None:
-            return None
-        # A kind whose fragments are results of their own (a conversation's exchanges): its own group.
-        return got[0].record_id if kind_of(got[0].kind).one_result else f"{got[0].record_id}#{fid}"
+        return None if got is None else document_key(got[0], fid)
 
     groups = group_by_document(out.hits, record_of)
     while len(groups) < limit and s.more and s.n_cand < MAX_CANDIDATES:
