@@ -126,9 +126,11 @@ def recall_at(ranked: list[str], rel: dict[str, int], k: int = 100) -> float:
 
 
 def start_daemon(
-    home: Path, model_dir: str | None, n_docs: int, precision: str | None = None, rag_extra: str = ""
+    home: Path, model_dir: str | None, n_docs: int, precision: str | None = None, rag_extra: str = "",
+    code: Path = REPO,
 ) -> subprocess.Popen[bytes]:
-    """``rag_extra``: more ``[rag]`` settings, one ``key = value`` per line."""
+    """``rag_extra``: more ``[rag]`` settings, one ``key = value`` per line. ``code``: the checkout whose
+    ``memoriesd`` runs (``python -m`` imports it from the working directory; bench/ab_recall.py)."""
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = [
         "[vault]\nkdf_memory_kib = 65536\nkdf_iterations = 3\nkdf_lanes = 4\n",
@@ -142,14 +144,14 @@ def start_daemon(
     if precision:
         cfg.append(f'vector_precision = "{precision}"\n')
     (home / "config.toml").write_text("".join(cfg))
-    return launch_daemon(home)
+    return launch_daemon(home, code)
 
 
-def launch_daemon(home: Path) -> subprocess.Popen[bytes]:
+def launch_daemon(home: Path, code: Path = REPO) -> subprocess.Popen[bytes]:
     """Start ``memoriesd`` on ``home`` (its config.toml written) and wait until it answers."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "memoriesd.main", "--home", str(home)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(REPO),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(code),
     )
     sock = home / "run" / "memoriesd.sock"
     deadline = time.monotonic() + 60
