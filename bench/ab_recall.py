@@ -74,7 +74,16 @@ class Daemon:
     vault: str = ""
 
     def call(self, method: str, params: dict[str, Any]) -> Any:
-        return self.conn.call(method, params)
+        """One request; once more on fresh connections when the daemon had closed ours (it closes a
+        connection idle for ``[daemon] idle_timeout_seconds``, with nothing in flight: nothing ran)."""
+        try:
+            return self.conn.call(method, params)
+        except OSError:
+            for s in self.conn.socks.values():
+                s.close()
+            self.conn.socks.clear()
+            self.conn.routes.clear()
+            return self.conn.call(method, params)
 
     def create(self, name: str) -> str:
         """A new vault, made the measured one. Conn keeps the route of ``{"new": true}``, which is the
@@ -163,6 +172,8 @@ def paired(
     for i, (qid, text) in enumerate(items):
         for d in daemons if i % 2 == 0 else daemons[::-1]:
             each(d, qid, text)
+        if (i + 1) % 200 == 0:
+            say(f"{i + 1} of {len(items)} queries")
 
 
 def copy_home(src: Path, dest: Path) -> Path:
