@@ -377,7 +377,7 @@ def conversations(
                 "texts_per_turn": round(sum(r["texts"] for r in rows) / turns, 4),
                 "tokens_per_turn": round(sum(r["tokens"] for r in rows) / turns, 2),
                 "model_seconds_per_turn": round(sum(r["model_seconds"] for r in rows) / turns, 4),
-                "model_cpu_seconds_per_turn": None if None in cpu else round(sum(cpu) / turns, 4),  # type: ignore[arg-type]
+                "model_cpu_seconds_per_turn": None if None in cpu else round(sum(cpu) / turns, 4),
                 "tap_bypassed": taps[role].bypassed(),
             }
         lat: dict[str, list[float]] = {s.role: [] for s in sides}
