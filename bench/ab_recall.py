@@ -244,6 +244,10 @@ def beir(
                     f"{prepared} lacks {missing} vectors of commit A: finish it first (bench/eval_beir.py "
                     f"{dataset} --mode hybrid --model-dir M --home {prepared} --max-queries 1)"
                 )
+            if missing:
+                say(
+                    f"{side.role}: {missing} vectors of {dataset.name} to embed on the copy (its fragments changed)"
+                )
             out[side.role] = {
                 "fragments": emb.get("fragments"),
                 "vectors": e.get("total"),

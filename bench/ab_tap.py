@@ -30,6 +30,7 @@ from memoriesd.workers.model_client import ask
 
 FRAME = 1 << 30
 MODEL_SOCKET = re.compile(r"m[0-9a-f]{8}\.sock")
+KEEP_ALIVE_SECONDS = 60.0
 COUNT_CHUNK = 1024  # texts per model.count request (the model process takes at most 4,096)
 
 
@@ -54,6 +55,7 @@ class EmbedTap:
         self.vaults: dict[str, VaultEmbeds] = {}
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
+        self._closed = threading.Event()
 
     def install(self) -> None:
         """Take the place of the one model socket in ``run/`` (the model process must be running)."""
@@ -74,6 +76,14 @@ class EmbedTap:
             raise SystemExit("model.info answered no object")
         self.profile = ModelProfile(**info["profile"])
         threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._keep_alive, daemon=True).start()
+
+    def _keep_alive(self) -> None:
+        """A cheap request every minute: the model process ends after ``idle_minutes`` without one, and a
+        new one (while the other commit captures) would not pass through the tap."""
+        while not self._closed.wait(KEEP_ALIVE_SECONDS):
+            with contextlib.suppress(OSError, MemoriesError):
+                ask(self.real or "", "model.count", {"texts": ["keep alive"]}, 60)
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -149,6 +159,7 @@ class EmbedTap:
         return [p for p in self.run_dir.iterdir() if MODEL_SOCKET.fullmatch(p.name) and p.is_socket()]
 
     def close(self) -> None:
+        self._closed.set()
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.close()
