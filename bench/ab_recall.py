@@ -186,27 +186,18 @@ def copy_home(src: Path, dest: Path) -> Path:
 def prepare_home(side: Side, dataset: Path, home: Path, model_dir: str) -> None:
     """The dataset ingested and embedded once in ``home`` by ``side``'s own bench/eval_beir.py."""
     say(f"preparing {home} ({dataset.name}, commit {side.commit[:9]}): this embeds the whole corpus once")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.eval_beir",
-            str(dataset),
-            "--mode",
-            "hybrid",
-            "--model-dir",
-            model_dir,
-            "--home",
-            str(home),
-            "--max-queries",
-            "1",
-            "--grouping",
-            "documents",
-        ],
-        cwd=side.code,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.eval_beir",
+        str(dataset),
+        "--model-dir",
+        model_dir,
+        "--home",
+        str(home),
+    ]
+    argv += "--mode hybrid --max-queries 1 --grouping documents".split()
+    subprocess.run(argv, cwd=side.code, check=True, stdout=subprocess.DEVNULL)
 
 
 def beir(
@@ -304,26 +295,10 @@ def capture(d: Daemon, tap: EmbedTap, path: Path, turns: int) -> dict[str, Any]:
     d.create(f"conv-{path.stem}")
     cpu0 = tap.cpu_seconds()
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memories_cli.main",
-            "memory",
-            "capture",
-            d.vault,
-            str(path),
-            "--format",
-            "locomo",
-            "--no-extract",
-            "--json",
-        ],
-        env=dict(os.environ, MEMORIES_HOME=str(d.home)),
-        cwd=d.side.code,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    argv = [sys.executable, "-m", "memories_cli.main", "memory", "capture", d.vault, str(path)]
+    argv += "--format locomo --no-extract --json".split()
+    env = dict(os.environ, MEMORIES_HOME=str(d.home))
+    proc = subprocess.run(argv, env=env, cwd=d.side.code, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{d.side.role}: memory capture {path.name}: {proc.stderr.strip()}")
     d.call("rag.search", {"vault": d.vault, "query": "warm up", "mode": "bm25", "limit": 1})
