@@ -428,17 +428,17 @@ def main() -> None:
     )
     ap.add_argument("--a", default="f7aabb9", help="the reference commit (default: f7aabb9)")
     ap.add_argument("--b", default="main", help="the candidate commit (default: main of --repo)")
-    ap.add_argument("--model-dir", default="/work/egemma/out/embeddinggemma-300m-fp32")
+    ap.add_argument("--model-dir", required=True, help="EmbeddingGemma (fp32 export: ../shared/tools/egemma/build.sh)")
     ap.add_argument(
         "--eval-dir",
         type=Path,
-        default=Path("/work/shared/eval"),
+        default=Path(__file__).resolve().parents[2] / "shared" / "eval",
         help="holds scifact/, xquad-zh/, locomo-dev/",
     )
     ap.add_argument(
         "--homes",
         type=Path,
-        default=Path("/work/r31/beir-homes"),
+        required=True,
         help="one prepared Memories home per BEIR set (HOMES/scifact, HOMES/xquad-zh), made when missing",
     )
     ap.add_argument(
