@@ -24,8 +24,8 @@ in --homes (with A's bench/eval_beir.py when missing: SciFact with EmbeddingGemm
 one and a half hours on 2 cores) and copied for each commit. A commit whose fragmenting differs
 embeds its new fragments on the copy: ``vectors_missing`` says how many (a finding in itself).
 
-    nice -n 10 .venv/bin/python -m bench.ab_recall --b main --homes /work/r31/beir-homes \\
-        --model-dir /work/egemma/out/embeddinggemma-300m-fp32
+    nice -n 10 .venv/bin/python -m bench.ab_recall --b main --homes HOMES \\
+        --model-dir ../egemma/out/embeddinggemma-300m-fp32
 """
 
 from __future__ import annotations
@@ -424,7 +424,7 @@ def verdict(result: dict[str, Any]) -> dict[str, bool | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--repo", type=Path, default=Path("/work/main"), help="the git repository holding both commits"
+        "--repo", type=Path, default=Path(__file__).resolve().parents[1], help="the git repository holding both commits (default: this clone)"
     )
     ap.add_argument("--a", default="f7aabb9", help="the reference commit (default: f7aabb9)")
     ap.add_argument("--b", default="main", help="the candidate commit (default: main of --repo)")
